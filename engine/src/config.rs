@@ -1,0 +1,407 @@
+//! Every `MC_*` variable the engine reads, parsed once into a typed [`Config`].
+//!
+//! A value that does not parse is an error naming the variable, the value and
+//! what is accepted; nothing falls back silently. Deprecated aliases are
+//! accepted with a warning.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// A variable whose value cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{var}={value:?} is invalid: {expected}")]
+pub struct ConfigError {
+    /// The variable's name.
+    pub var: &'static str,
+    /// The value found.
+    pub value: String,
+    /// What would be accepted.
+    pub expected: String,
+}
+
+/// Log verbosity (`MC_LOG_LEVEL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    /// Everything.
+    Trace,
+    /// Debug and above.
+    Debug,
+    /// Info and above (upstream default).
+    Info,
+    /// Warnings and errors.
+    Warning,
+    /// Errors only.
+    Error,
+}
+
+impl LogLevel {
+    /// The `tracing` filter directive for this level.
+    pub fn directive(self) -> &'static str {
+        match self {
+            Self::Trace => "trace",
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Warning => "warn",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Typed engine configuration. `Config::default()` is upstream's defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// `MC_FORCE_TCP`: install only the TCP transport (presence check, as upstream).
+    pub force_tcp: bool,
+    /// `MC_TRANSFER_TIMEOUT`: base timeout of sync and batch transfers (min 5 s).
+    pub transfer_timeout: Duration,
+    /// `MC_MIN_RPC_PORT`: lowest port for the RPC and data listeners.
+    pub min_rpc_port: u16,
+    /// `MC_MAX_RPC_PORT`: highest port for the RPC and data listeners.
+    pub max_rpc_port: u16,
+    /// `MC_HANDSHAKE_PORT`: port assumed when a server name has none.
+    pub handshake_port: u16,
+    /// `MC_HANDSHAKE_LISTEN_BACKLOG`.
+    pub handshake_listen_backlog: i32,
+    /// `MC_HANDSHAKE_CONNECT_TIMEOUT` (seconds).
+    pub handshake_connect_timeout: Duration,
+    /// `MC_HANDSHAKE_MAX_LENGTH`: largest handshake frame accepted (1 B – 128 MiB).
+    pub handshake_max_length: u64,
+    /// `MC_TCP_SLICE_SIZE`: upstream's chunk size; ours is the socket I/O granularity.
+    pub tcp_slice_size: usize,
+    /// `MC_TCP_PROTO`: `Some(1)` forces v1 framing towards every peer.
+    pub tcp_proto: Option<u32>,
+    /// `MC_TCP_STATUS_TIMEOUT_SEC`: deadline for a status frame or any stalled socket I/O.
+    pub tcp_status_timeout: Duration,
+    /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): parallel
+    /// persistent connections to each peer, 1–16.
+    pub tcp_lanes_per_peer: usize,
+    /// `MC_TCP_STRIPE_SIZE` (ours): requests larger than this are split into
+    /// stripes that travel on different lanes.
+    pub tcp_stripe_size: u64,
+    /// `MC_TCP_PIPELINE_DEPTH` (ours): requests in flight per lane before the
+    /// sender waits for replies.
+    pub tcp_pipeline_depth: usize,
+    /// `MC_TCP_BIND_ADDRESS`: address the listeners bind to and advertise.
+    pub tcp_bind_address: Option<IpAddr>,
+    /// `MC_USE_IPV6`.
+    pub use_ipv6: bool,
+    /// `MC_LOG_LEVEL`.
+    pub log_level: LogLevel,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            force_tcp: false,
+            transfer_timeout: Duration::from_secs(30),
+            min_rpc_port: 15000,
+            max_rpc_port: 17000,
+            handshake_port: 12001,
+            handshake_listen_backlog: 128,
+            handshake_connect_timeout: Duration::from_secs(5),
+            handshake_max_length: 1 << 20,
+            tcp_slice_size: 65536,
+            tcp_proto: None,
+            tcp_status_timeout: Duration::from_secs(30),
+            tcp_lanes_per_peer: 4,
+            tcp_stripe_size: 4 << 20,
+            tcp_pipeline_depth: 16,
+            tcp_bind_address: None,
+            use_ipv6: false,
+            log_level: LogLevel::Info,
+        }
+    }
+}
+
+/// Variables accepted only for compatibility: they tune upstream's bounded
+/// queues, which this engine replaces with backpressure.
+const NO_EFFECT: &[&str] = &[
+    "MC_TCP_ENABLE_CONNECTION_POOL",
+    "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER",
+    "MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER",
+    "MC_TCP_ADMISSION_TIMEOUT_MS",
+];
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `get` (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env { get: &get };
+        let mut c = Self::default();
+        if let Some(v) = get("MC_FORCE_TCP") {
+            c.force_tcp = true;
+            if matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off") {
+                tracing::warn!(
+                    "MC_FORCE_TCP={v:?} still forces TCP: upstream checks only that the variable is set; unset it to allow other transports"
+                );
+            }
+        }
+        if let Some(secs) = env.int::<u64>("MC_TRANSFER_TIMEOUT", "a whole number of seconds")? {
+            if secs < 5 {
+                tracing::warn!("MC_TRANSFER_TIMEOUT={secs} raised to the minimum of 5 seconds");
+            }
+            c.transfer_timeout = Duration::from_secs(secs.max(5));
+        }
+        let min = env.first_int::<u16>(&["MC_MIN_RPC_PORT", "MC_MIN_PRC_PORT"], "a port number")?;
+        let max = env.first_int::<u16>(&["MC_MAX_RPC_PORT", "MC_MAX_PRC_PORT"], "a port number")?;
+        if let Some((var, p)) = min {
+            c.min_rpc_port = check_rpc_port(var, p)?;
+        }
+        if let Some((var, p)) = max {
+            c.max_rpc_port = check_rpc_port(var, p)?;
+        }
+        if c.min_rpc_port > c.max_rpc_port {
+            return Err(ConfigError {
+                var: "MC_MIN_RPC_PORT",
+                value: c.min_rpc_port.to_string(),
+                expected: format!("at most MC_MAX_RPC_PORT ({})", c.max_rpc_port),
+            });
+        }
+        if let Some(p) = env.int::<u16>("MC_HANDSHAKE_PORT", "a port number 1-65535")? {
+            c.handshake_port = nonzero("MC_HANDSHAKE_PORT", p)?;
+        }
+        if let Some(b) = env.int::<i32>("MC_HANDSHAKE_LISTEN_BACKLOG", "a positive integer")? {
+            c.handshake_listen_backlog = b.max(1);
+        }
+        if let Some(s) = env.int::<u64>("MC_HANDSHAKE_CONNECT_TIMEOUT", "whole seconds")? {
+            c.handshake_connect_timeout = Duration::from_secs(nonzero("MC_HANDSHAKE_CONNECT_TIMEOUT", s)?);
+        }
+        if let Some(n) = env.int::<u64>("MC_HANDSHAKE_MAX_LENGTH", "bytes, 1 to 134217728")? {
+            if !(1..=128 << 20).contains(&n) {
+                return Err(env.error("MC_HANDSHAKE_MAX_LENGTH", "bytes, 1 to 134217728 (128 MiB)"));
+            }
+            c.handshake_max_length = n;
+        }
+        if let Some(n) = env.int::<usize>("MC_TCP_SLICE_SIZE", "bytes, at least 4096")? {
+            if n < 4096 {
+                return Err(env.error("MC_TCP_SLICE_SIZE", "bytes, at least 4096"));
+            }
+            c.tcp_slice_size = n;
+        }
+        if let Some(v) = env.int::<u32>("MC_TCP_PROTO", "1 or 2")? {
+            if !(1..=2).contains(&v) {
+                return Err(env.error("MC_TCP_PROTO", "1 or 2"));
+            }
+            c.tcp_proto = Some(v);
+        }
+        if let Some(s) = env.int::<u64>("MC_TCP_STATUS_TIMEOUT_SEC", "whole seconds, at least 1")? {
+            c.tcp_status_timeout = Duration::from_secs(nonzero("MC_TCP_STATUS_TIMEOUT_SEC", s)?);
+        }
+        let lanes = match env.int::<usize>("MC_TCP_LANES_PER_PEER", "1 to 16")? {
+            Some(n) => Some(("MC_TCP_LANES_PER_PEER", n)),
+            None => {
+                let old = env.int::<usize>("MC_TCP_MAX_CONNECTIONS_PER_PEER", "1 to 16")?;
+                if old.is_some() {
+                    tracing::warn!("MC_TCP_MAX_CONNECTIONS_PER_PEER is deprecated; use MC_TCP_LANES_PER_PEER");
+                }
+                old.map(|n| ("MC_TCP_MAX_CONNECTIONS_PER_PEER", n))
+            }
+        };
+        if let Some((var, n)) = lanes {
+            if !(1..=16).contains(&n) {
+                return Err(env.error(var, "1 to 16"));
+            }
+            c.tcp_lanes_per_peer = n;
+        }
+        if let Some(n) = env.int::<u64>("MC_TCP_STRIPE_SIZE", "bytes, at least 65536")? {
+            if n < 65536 {
+                return Err(env.error("MC_TCP_STRIPE_SIZE", "bytes, at least 65536"));
+            }
+            c.tcp_stripe_size = n;
+        }
+        if let Some(n) = env.int::<usize>("MC_TCP_PIPELINE_DEPTH", "1 to 1024")? {
+            if !(1..=1024).contains(&n) {
+                return Err(env.error("MC_TCP_PIPELINE_DEPTH", "1 to 1024"));
+            }
+            c.tcp_pipeline_depth = n;
+        }
+        if let Some(v) = get("MC_TCP_BIND_ADDRESS") {
+            let ip = v.trim().parse::<IpAddr>().map_err(|_| ConfigError {
+                var: "MC_TCP_BIND_ADDRESS",
+                value: v.clone(),
+                expected: "an IPv4 or IPv6 address".into(),
+            })?;
+            c.tcp_bind_address = Some(ip);
+        }
+        c.use_ipv6 = env.flag("MC_USE_IPV6")?;
+        if let Some(v) = get("MC_LOG_LEVEL") {
+            c.log_level = match v.trim().to_ascii_uppercase().as_str() {
+                "TRACE" => LogLevel::Trace,
+                "DEBUG" => LogLevel::Debug,
+                "INFO" => LogLevel::Info,
+                "WARNING" | "WARN" => LogLevel::Warning,
+                "ERROR" | "FATAL" => LogLevel::Error,
+                _ => return Err(env.error("MC_LOG_LEVEL", "TRACE, DEBUG, INFO, WARNING or ERROR")),
+            };
+        }
+        for var in NO_EFFECT {
+            if get(var).is_some() {
+                tracing::info!(
+                    "{var} is accepted for compatibility but has no effect: this engine queues any number of requests per peer and applies backpressure instead of rejecting"
+                );
+            }
+        }
+        Ok(c)
+    }
+}
+
+struct Env<'a, F: Fn(&str) -> Option<String>> {
+    get: &'a F,
+}
+
+impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
+    fn error(&self, var: &'static str, expected: &str) -> ConfigError {
+        ConfigError {
+            var,
+            value: (self.get)(var).unwrap_or_default(),
+            expected: expected.into(),
+        }
+    }
+
+    fn int<T: std::str::FromStr>(&self, var: &'static str, expected: &str) -> Result<Option<T>, ConfigError> {
+        match (self.get)(var) {
+            None => Ok(None),
+            Some(v) => v.trim().parse::<T>().map(Some).map_err(|_| ConfigError {
+                var,
+                value: v,
+                expected: expected.into(),
+            }),
+        }
+    }
+
+    fn first_int<T: std::str::FromStr>(
+        &self,
+        vars: &[&'static str],
+        expected: &str,
+    ) -> Result<Option<(&'static str, T)>, ConfigError> {
+        for &var in vars {
+            if let Some(v) = self.int::<T>(var, expected)? {
+                if var != vars[0] {
+                    tracing::warn!("{var} is a misspelt alias; use {}", vars[0]);
+                }
+                return Ok(Some((var, v)));
+            }
+        }
+        Ok(None)
+    }
+
+    fn flag(&self, var: &'static str) -> Result<bool, ConfigError> {
+        match (self.get)(var) {
+            None => Ok(false),
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "" | "1" | "true" | "yes" | "on" => Ok(true),
+                "0" | "false" | "no" | "off" => Ok(false),
+                _ => Err(self.error(var, "1/true/yes/on or 0/false/no/off")),
+            },
+        }
+    }
+}
+
+fn nonzero<T: Default + PartialEq + ToString>(var: &'static str, v: T) -> Result<T, ConfigError> {
+    if v == T::default() {
+        return Err(ConfigError {
+            var,
+            value: v.to_string(),
+            expected: "a value greater than 0".into(),
+        });
+    }
+    Ok(v)
+}
+
+fn check_rpc_port(var: &'static str, p: u16) -> Result<u16, ConfigError> {
+    if p < 1024 || (32768..=60999).contains(&p) {
+        return Err(ConfigError {
+            var,
+            value: p.to_string(),
+            expected: "a port in 1024-32767 or 61000-65535 (the kernel's ephemeral range 32768-60999 is refused)".into(),
+        });
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn empty_environment_gives_upstream_defaults() {
+        assert_eq!(parse(&[]).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn values_are_parsed() {
+        let c = parse(&[
+            ("MC_FORCE_TCP", "1"),
+            ("MC_TRANSFER_TIMEOUT", "7"),
+            ("MC_MIN_RPC_PORT", "20000"),
+            ("MC_MAX_RPC_PORT", "20010"),
+            ("MC_HANDSHAKE_MAX_LENGTH", "2048"),
+            ("MC_TCP_PROTO", "1"),
+            ("MC_TCP_LANES_PER_PEER", "2"),
+            ("MC_TCP_BIND_ADDRESS", "127.0.0.1"),
+            ("MC_LOG_LEVEL", "warning"),
+        ])
+        .unwrap();
+        assert!(c.force_tcp);
+        assert_eq!(c.transfer_timeout, Duration::from_secs(7));
+        assert_eq!((c.min_rpc_port, c.max_rpc_port), (20000, 20010));
+        assert_eq!(c.handshake_max_length, 2048);
+        assert_eq!(c.tcp_proto, Some(1));
+        assert_eq!(c.tcp_lanes_per_peer, 2);
+        assert_eq!(c.log_level, LogLevel::Warning);
+    }
+
+    #[test]
+    fn timeout_is_clamped_to_five_seconds() {
+        let c = parse(&[("MC_TRANSFER_TIMEOUT", "1")]).unwrap();
+        assert_eq!(c.transfer_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn misspelt_port_alias_and_deprecated_lanes_alias_work() {
+        let c = parse(&[("MC_MIN_PRC_PORT", "16000"), ("MC_TCP_MAX_CONNECTIONS_PER_PEER", "3")]).unwrap();
+        assert_eq!(c.min_rpc_port, 16000);
+        assert_eq!(c.tcp_lanes_per_peer, 3);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let cases = [
+            ("MC_TRANSFER_TIMEOUT", "soon"),
+            ("MC_MIN_RPC_PORT", "80"),
+            ("MC_MAX_RPC_PORT", "40000"),
+            ("MC_HANDSHAKE_MAX_LENGTH", "0"),
+            ("MC_HANDSHAKE_MAX_LENGTH", "999999999"),
+            ("MC_TCP_PROTO", "3"),
+            ("MC_TCP_LANES_PER_PEER", "17"),
+            ("MC_TCP_STATUS_TIMEOUT_SEC", "0"),
+            ("MC_TCP_BIND_ADDRESS", "localhost"),
+            ("MC_LOG_LEVEL", "LOUD"),
+            ("MC_USE_IPV6", "maybe"),
+        ];
+        for (var, value) in cases {
+            let err = parse(&[(var, value)]).unwrap_err();
+            assert_eq!(err.var, var, "{var}={value}");
+            assert!(err.to_string().contains(var), "{err}");
+        }
+    }
+
+    #[test]
+    fn min_above_max_is_an_error() {
+        let err = parse(&[("MC_MIN_RPC_PORT", "17000"), ("MC_MAX_RPC_PORT", "16000")]).unwrap_err();
+        assert_eq!(err.var, "MC_MIN_RPC_PORT");
+    }
+}

@@ -1,0 +1,450 @@
+//! The public API: initialize, register memory, submit batches of reads and
+//! writes to peer segments, wait, notify, probe.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::Config;
+use crate::error::{EngineError, TransferError};
+use crate::memory::MemoryRegistry;
+use crate::metadata::handshake::{self, HandshakeServer};
+use crate::metadata::{MetadataStore, P2pStore};
+use crate::net;
+use crate::task::BatchState;
+use crate::transport::tcp::client::PeerLink;
+use crate::transport::tcp::server::TcpServer;
+use crate::transport::tcp::Slice;
+use crate::wire::descriptor::{BufferDesc, NotifyMsg, SegmentDesc, PROBE_REPLY};
+use crate::wire::handshake::MessageType;
+use crate::wire::session::HostPort;
+use crate::wire::tcp::OpCode;
+
+/// The connection string of peer-to-peer handshake mode.
+pub const P2P_HANDSHAKE: &str = "P2PHANDSHAKE";
+
+/// One read or write of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Read (remote to local) or write (local to remote).
+    pub op: OpCode,
+    /// Local address.
+    pub local: u64,
+    /// Remote address in the target segment.
+    pub remote: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// A notification received from a peer.
+pub type Notify = NotifyMsg;
+
+/// A submitted batch; clone freely, wait from any thread.
+pub type Batch = Arc<BatchState>;
+
+/// A transfer engine: listeners for the handshake and data ports, the
+/// registered memory, and connections to peers.
+pub struct TransferEngine {
+    inner: Arc<Inner>,
+    // Dropped first: stop serving before the rest goes away.
+    _rpc: HandshakeServer,
+    _data: TcpServer,
+}
+
+struct Inner {
+    config: Config,
+    session_id: String,
+    host: String,
+    rpc_port: u16,
+    data_port: u16,
+    memory: Arc<MemoryRegistry>,
+    store: Box<dyn MetadataStore>,
+    segments: RwLock<HashMap<String, Arc<Segment>>>,
+    links: Mutex<HashMap<(SocketAddr, bool), Arc<PeerLink>>>,
+    notifies: Mutex<Vec<Notify>>,
+}
+
+struct Segment {
+    desc: RwLock<SegmentDesc>,
+    data_addr: SocketAddr,
+}
+
+impl TransferEngine {
+    /// Starts an engine named after `local_hostname` (its port, if any, is
+    /// ignored in P2P mode: the session id is `host:rpc_port`).
+    pub fn new(local_hostname: &str, metadata: &str, config: Config) -> Result<Self, EngineError> {
+        if metadata != P2P_HANDSHAKE {
+            return Err(EngineError::Unsupported(format!(
+                "metadata server {metadata:?}: only {P2P_HANDSHAKE} is implemented so far; HTTP and etcd stores are planned"
+            )));
+        }
+        let host = HostPort::parse(local_hostname, config.handshake_port)?.host;
+        let ip = net::listen_ip(&host, config.tcp_bind_address, config.use_ipv6);
+        let (min, max) = (config.min_rpc_port, config.max_rpc_port);
+        let listen_err = |what: &str, e: std::io::Error| {
+            EngineError::Listen(format!(
+                "no free {what} port on {ip} in {min}-{max} (MC_MIN_RPC_PORT/MC_MAX_RPC_PORT): {e}"
+            ))
+        };
+        let rpc_listener = net::bind_in_range(ip, min, max, config.handshake_listen_backlog)
+            .map_err(|e| listen_err("handshake", e))?;
+        let data_listener =
+            net::bind_in_range(ip, min, max, 1024).map_err(|e| listen_err("data", e))?;
+        let rpc_port = rpc_listener.local_addr().map_err(|e| listen_err("handshake", e))?.port();
+        let data_port = data_listener.local_addr().map_err(|e| listen_err("data", e))?.port();
+        let session_id = HostPort {
+            host: host.clone(),
+            port: rpc_port,
+        }
+        .session_id();
+        let memory = Arc::new(MemoryRegistry::new());
+        let inner = Arc::new(Inner {
+            store: Box::new(P2pStore::new(config.clone())),
+            config,
+            session_id,
+            host,
+            rpc_port,
+            data_port,
+            memory: memory.clone(),
+            segments: RwLock::new(HashMap::new()),
+            links: Mutex::new(HashMap::new()),
+            notifies: Mutex::new(Vec::new()),
+        });
+        let weak = Arc::downgrade(&inner);
+        let handler = Arc::new(move |kind: MessageType, json: &str| {
+            weak.upgrade().and_then(|inner| inner.handle_rpc(kind, json))
+        });
+        let rpc = HandshakeServer::start(rpc_listener, inner.config.handshake_max_length, handler)
+            .map_err(|e| listen_err("handshake", e))?;
+        let data = TcpServer::start(data_listener, memory, inner.config.tcp_status_timeout)
+            .map_err(|e| listen_err("data", e))?;
+        tracing::info!(
+            "transfer engine {} up: handshake port {rpc_port}, TCP data port {data_port} (v2)",
+            inner.session_id
+        );
+        Ok(Self {
+            inner,
+            _rpc: rpc,
+            _data: data,
+        })
+    }
+
+    /// The session id peers use as `target_hostname`: `host:rpc_port`.
+    pub fn session_id(&self) -> &str {
+        &self.inner.session_id
+    }
+
+    /// The handshake (RPC) port.
+    pub fn rpc_port(&self) -> u16 {
+        self.inner.rpc_port
+    }
+
+    /// The TCP data port.
+    pub fn data_port(&self) -> u16 {
+        self.inner.data_port
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Registers `[addr, addr+len)` for remote access.
+    pub fn register_memory(&self, addr: u64, len: u64, location: &str) -> Result<(), EngineError> {
+        self.inner.memory.register(addr, len, location)?;
+        self.inner.store.publish(&self.inner.local_desc())
+    }
+
+    /// Unregisters the region starting at `addr`, after in-flight accesses end.
+    pub fn unregister_memory(&self, addr: u64) -> Result<(), EngineError> {
+        self.inner.memory.unregister(addr)?;
+        self.inner.store.publish(&self.inner.local_desc())
+    }
+
+    /// This engine's descriptor, as peers receive it.
+    pub fn local_descriptor(&self) -> SegmentDesc {
+        self.inner.local_desc()
+    }
+
+    /// The registered buffers of `segment` (its cached descriptor; opened on first use).
+    pub fn segment_buffers(&self, segment: &str) -> Result<Vec<BufferDesc>, EngineError> {
+        if segment == self.inner.session_id {
+            return Ok(self.inner.local_desc().buffers);
+        }
+        Ok(self.inner.open_segment(segment)?.desc.read().buffers.clone())
+    }
+
+    /// Drops the cached descriptor of `segment`; the next use fetches it again.
+    pub fn forget_segment(&self, segment: &str) {
+        self.inner.segments.write().remove(segment);
+    }
+
+    /// Submits a batch of requests to `segment` and returns at once.
+    ///
+    /// Requests whose remote range the peer has not registered fail without
+    /// any I/O; others complete on the returned batch. The batch's deadline is
+    /// `MC_TRANSFER_TIMEOUT` plus 1 ns per byte.
+    ///
+    /// # Safety
+    /// Every local range `[local, local+len)` must be valid (and, for reads,
+    /// writable and not otherwise accessed) until the batch has finished, or
+    /// was canceled and its in-flight requests drained.
+    pub unsafe fn submit(&self, segment: &str, requests: &[Request]) -> Result<Batch, EngineError> {
+        self.inner.submit(segment, requests)
+    }
+
+    /// Submits and waits until the batch's deadline.
+    ///
+    /// # Safety
+    /// As [`submit`](Self::submit).
+    pub unsafe fn transfer_sync(&self, segment: &str, requests: &[Request]) -> Result<(), TransferError> {
+        let batch = self.inner.submit(segment, requests).map_err(|e| TransferError::PeerUnreachable {
+            peer: segment.to_string(),
+            reason: e.to_string(),
+        })?;
+        batch.wait()
+    }
+
+    /// Sends a notification to `segment`'s engine.
+    pub fn send_notify(&self, segment: &str, msg: &Notify) -> Result<(), EngineError> {
+        let peer = HostPort::parse(segment, self.inner.config.handshake_port)?;
+        let reply = handshake::request(&peer, MessageType::Notify, &msg.encode(), &self.inner.config)?;
+        let reply = NotifyMsg::decode(&reply)?;
+        if reply.notify_msg != "success" {
+            return Err(EngineError::Handshake {
+                peer: segment.to_string(),
+                reason: format!("notify refused: {:?}", reply.notify_msg),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes the notifications received so far.
+    pub fn take_notifies(&self) -> Vec<Notify> {
+        std::mem::take(&mut *self.inner.notifies.lock())
+    }
+
+    /// Checks that `segment`'s engine answers on its handshake port.
+    pub fn probe(&self, segment: &str) -> Result<(), EngineError> {
+        let peer = HostPort::parse(segment, self.inner.config.handshake_port)?;
+        let reply = handshake::request(&peer, MessageType::Probe, "{}", &self.inner.config)?;
+        if crate::wire::descriptor::probe_reply_ok(&reply) {
+            Ok(())
+        } else {
+            Err(EngineError::Handshake {
+                peer: segment.to_string(),
+                reason: format!("unexpected probe reply {reply:?}"),
+            })
+        }
+    }
+}
+
+impl Inner {
+    fn local_desc(&self) -> SegmentDesc {
+        SegmentDesc {
+            name: self.session_id.clone(),
+            protocol: vec!["tcp".into()],
+            tcp_data_port: self.data_port,
+            tcp_proto_version: 2,
+            timestamp: net::timestamp_now(),
+            buffers: self
+                .memory
+                .snapshot()
+                .into_iter()
+                .map(|(addr, length, _)| BufferDesc {
+                    name: self.session_id.clone(),
+                    addr,
+                    length,
+                })
+                .collect(),
+        }
+    }
+
+    fn handle_rpc(&self, kind: MessageType, json: &str) -> Option<String> {
+        match kind {
+            MessageType::Metadata => Some(self.local_desc().encode()),
+            MessageType::Notify => match NotifyMsg::decode(json) {
+                Ok(n) => {
+                    self.notifies.lock().push(n);
+                    Some(NotifyMsg::success_reply().encode())
+                }
+                Err(e) => {
+                    tracing::warn!("malformed notify ignored: {e}");
+                    None
+                }
+            },
+            MessageType::Probe => Some(PROBE_REPLY.to_string()),
+            MessageType::Connection => {
+                tracing::warn!("RDMA connection request refused: this engine serves TCP only");
+                Some(
+                    serde_json::json!({
+                        "local_nic_path": "", "peer_nic_path": "", "qp_num": [],
+                        "reply_msg": "RDMA is not available on this engine (TCP only)"
+                    })
+                    .to_string(),
+                )
+            }
+        }
+    }
+
+    fn open_segment(&self, name: &str) -> Result<Arc<Segment>, EngineError> {
+        if let Some(s) = self.segments.read().get(name) {
+            return Ok(s.clone());
+        }
+        let desc = self.store.fetch(name)?;
+        let seg = Arc::new(self.segment_from(name, desc)?);
+        self.segments.write().insert(name.to_string(), seg.clone());
+        Ok(seg)
+    }
+
+    fn segment_from(&self, name: &str, desc: SegmentDesc) -> Result<Segment, EngineError> {
+        let err = |reason: String| EngineError::Segment {
+            segment: name.to_string(),
+            reason,
+        };
+        if !desc.speaks_tcp() {
+            return Err(err(format!(
+                "the peer serves {:?} only and this engine speaks TCP; start the peer with MC_FORCE_TCP=1",
+                desc.protocol
+            )));
+        }
+        let hp = HostPort::parse(name, self.config.handshake_port)?;
+        let data = HostPort {
+            host: hp.host,
+            port: desc.tcp_data_port,
+        };
+        let data_addr = *handshake::resolve(&data, self.config.use_ipv6)
+            .map_err(err)?
+            .first()
+            .ok_or_else(|| err("no data address".into()))?;
+        Ok(Segment {
+            desc: RwLock::new(desc),
+            data_addr,
+        })
+    }
+
+    fn refresh_segment(&self, name: &str, seg: &Segment) -> Result<(), EngineError> {
+        let desc = self.store.fetch(name)?;
+        *seg.desc.write() = desc;
+        Ok(())
+    }
+
+    fn link(&self, seg: &Segment) -> Result<Arc<PeerLink>, EngineError> {
+        let v2 = seg.desc.read().tcp_proto_version >= 2 && self.config.tcp_proto != Some(1);
+        let key = (seg.data_addr, v2);
+        let mut links = self.links.lock();
+        if let Some(l) = links.get(&key) {
+            return Ok(l.clone());
+        }
+        let link = Arc::new(
+            PeerLink::new(seg.data_addr, v2, &self.config)
+                .map_err(|e| EngineError::Listen(format!("cannot start connection threads: {e}")))?,
+        );
+        links.insert(key, link.clone());
+        Ok(link)
+    }
+
+    fn submit(&self, name: &str, requests: &[Request]) -> Result<Batch, EngineError> {
+        let mut seg = self.open_segment(name)?;
+        let mut link = self.link(&seg)?;
+        if let Some(why) = link.unreachable() {
+            // The peer may have restarted on new ports: look it up again.
+            tracing::info!("segment {name} was unreachable ({why}); fetching its descriptor again");
+            self.segments.write().remove(name);
+            seg = self.open_segment(name)?;
+            link = self.link(&seg)?;
+        }
+        let stripe = self.config.tcp_stripe_size;
+        let mut unknown = Vec::new();
+        {
+            let desc = seg.desc.read();
+            for (i, r) in requests.iter().enumerate() {
+                if r.len > 0 && desc.find_buffer(r.remote, r.len).is_none() {
+                    unknown.push(i);
+                }
+            }
+        }
+        if !unknown.is_empty() {
+            // The peer may have registered memory since we cached its descriptor.
+            self.refresh_segment(name, &seg)?;
+            let desc = seg.desc.read();
+            unknown.retain(|&i| desc.find_buffer(requests[i].remote, requests[i].len).is_none());
+        }
+        let counts: Vec<u32> = requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if r.len == 0 || unknown.binary_search(&i).is_ok() {
+                    u32::from(r.len > 0)
+                } else {
+                    r.len.div_ceil(stripe) as u32
+                }
+            })
+            .collect();
+        let bytes: u64 = requests.iter().map(|r| r.len).sum();
+        let budget = self.config.transfer_timeout + Duration::from_nanos(bytes);
+        let batch = BatchState::new(&counts, budget);
+        for &i in &unknown {
+            let r = &requests[i];
+            batch.task_failed(
+                i,
+                TransferError::AddressRejected {
+                    peer: name.to_string(),
+                    addr: r.remote,
+                    len: r.len,
+                },
+            );
+        }
+        for (i, r) in requests.iter().enumerate() {
+            if r.len == 0 || unknown.binary_search(&i).is_ok() {
+                continue;
+            }
+            let mut off = 0;
+            while off < r.len {
+                let n = stripe.min(r.len - off);
+                link.send(Slice {
+                    op: r.op,
+                    local: r.local + off,
+                    remote: r.remote + off,
+                    len: n,
+                    batch: batch.clone(),
+                    task: i,
+                    retries: 0,
+                });
+                off += n;
+            }
+        }
+        Ok(batch)
+    }
+}
+
+impl Drop for TransferEngine {
+    fn drop(&mut self) {
+        // Stop lanes (failing queued slices) before the listeners close.
+        self.inner.links.lock().clear();
+    }
+}
+
+/// Waits for `batch` until `deadline` (used by callers with their own deadline).
+pub fn wait_until(batch: &Batch, deadline: Instant) -> Result<(), TransferError> {
+    batch.wait_deadline(deadline)
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<TransferEngine>();
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("session_id", &self.inner.session_id)
+            .field("host", &self.inner.host)
+            .field("data_port", &self.inner.data_port)
+            .finish()
+    }
+}

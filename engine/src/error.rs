@@ -1,0 +1,106 @@
+//! Why a transfer or an engine call failed, said so the caller can act on it.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::memory::MemoryError;
+use crate::wire::WireError;
+
+/// Why one transfer request failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TransferError {
+    /// No connection could be made to the peer's data port.
+    #[error("peer {peer} is unreachable: {reason}")]
+    PeerUnreachable {
+        /// Peer address.
+        peer: String,
+        /// Connect error.
+        reason: String,
+    },
+    /// The connection broke while the request was in flight.
+    #[error("connection to peer {peer} lost: {reason}")]
+    PeerGone {
+        /// Peer address.
+        peer: String,
+        /// I/O error.
+        reason: String,
+    },
+    /// The remote range is not inside one buffer the peer registered.
+    #[error("peer {peer} rejected remote range {addr:#x}+{len}: not inside one registered buffer")]
+    AddressRejected {
+        /// Segment name or peer address.
+        peer: String,
+        /// Remote address.
+        addr: u64,
+        /// Length.
+        len: u64,
+    },
+    /// The peer sent bytes that break the protocol.
+    #[error("peer {peer} violated the protocol: {reason}")]
+    Protocol {
+        /// Peer address.
+        peer: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The deadline passed before the request completed.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The engine shut down or the batch was abandoned before the request ran.
+    #[error("canceled before it ran: {0}")]
+    Canceled(&'static str),
+}
+
+/// Errors of engine calls (as opposed to individual requests).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EngineError {
+    /// Bad configuration.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// Memory registration failed.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// A caller-supplied value is unusable.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The engine could not start listening.
+    #[error("cannot listen: {0}")]
+    Listen(String),
+    /// The peer's segment could not be opened.
+    #[error("cannot open segment {segment:?}: {reason}")]
+    Segment {
+        /// Segment name.
+        segment: String,
+        /// Why.
+        reason: String,
+    },
+    /// A handshake request failed.
+    #[error("handshake with {peer} failed: {reason}")]
+    Handshake {
+        /// Peer RPC address.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
+    /// Something the caller asked for that this build does not do.
+    #[error("not supported: {0}")]
+    Unsupported(String),
+    /// Peer bytes that could not be decoded.
+    #[error("malformed message from peer: {0}")]
+    Wire(#[from] WireError),
+}
+
+impl EngineError {
+    /// Upstream's numeric error code for this failure.
+    pub fn code(&self) -> i32 {
+        match self {
+            Self::Memory(m) => m.code(),
+            Self::InvalidArgument(_) | Self::Config(_) | Self::Unsupported(_) => -1,
+            Self::Listen(_) => -102,
+            Self::Handshake { .. } => -104,
+            Self::Wire(_) => -103,
+            Self::Segment { .. } => -200,
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! A KV-cache transfer engine, wire-compatible with the Mooncake Transfer
+//! Engine 0.3.12+ over TCP (P2P handshake, segment descriptors, TCP v2).
+//!
+//! Layers, lowest first: [`config`], [`memory`], [`wire`] (pure codecs, no
+//! I/O), [`metadata`] (how peers' descriptors are found), [`transport`]
+//! (TCP), and [`engine`] (the public API).
+//!
+//! ```no_run
+//! use transfer_engine::{Config, TransferEngine, Request, OpCode};
+//! let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::from_env()?)?;
+//! let buf = vec![0u8; 4096];
+//! engine.register_memory(buf.as_ptr() as u64, 4096, "cpu:0")?;
+//! println!("peers address me as {}", engine.session_id());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod logging;
+pub mod memory;
+pub mod metadata;
+pub mod net;
+pub mod task;
+pub mod transport;
+pub mod wire;
+
+pub use config::Config;
+pub use engine::{Batch, Notify, Request, TransferEngine, P2P_HANDSHAKE};
+pub use error::{EngineError, TransferError};
+pub use task::TaskStatus;
+pub use wire::tcp::OpCode;

@@ -1,0 +1,169 @@
+//! Socket helpers shared by the handshake and data listeners.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// Binds a listener on a random free port in `[min, max]` (500 attempts, then
+/// a linear scan), as upstream picks its RPC port.
+pub fn bind_in_range(ip: IpAddr, min: u16, max: u16, backlog: i32) -> io::Result<TcpListener> {
+    let span = u32::from(max - min) + 1;
+    let mut seed = random_seed();
+    let mut last = None;
+    for attempt in 0..500 + span {
+        let port = if attempt < 500 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            min + (seed % u64::from(span)) as u16
+        } else {
+            min + (attempt - 500) as u16
+        };
+        match bind(SocketAddr::new(ip, port), backlog) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("empty port range")))
+}
+
+fn bind(addr: SocketAddr, backlog: i32) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog)?;
+    let listener: TcpListener = socket.into();
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+fn random_seed() -> u64 {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    (t ^ (u64::from(std::process::id()) << 32)) | 1
+}
+
+/// Waits until `fd` is readable (or hung up) for at most `timeout`.
+pub fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd, count 1.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    match rc {
+        -1 => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+        0 => Ok(false),
+        _ => Ok(true),
+    }
+}
+
+/// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean EOF before the first byte.
+pub fn read_exact_or_eof(stream: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match stream.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Writes the header and the payload with as few system calls as possible.
+pub fn write_two(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
+    let mut head_off = 0;
+    let mut body_off = 0;
+    while head_off < head.len() {
+        let bufs = [
+            io::IoSlice::new(&head[head_off..]),
+            io::IoSlice::new(&body[body_off..]),
+        ];
+        match stream.write_vectored(&bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                let h = n.min(head.len() - head_off);
+                head_off += h;
+                body_off += n - h;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    stream.write_all(&body[body_off..])
+}
+
+/// The address to listen on for a given local host name: the name itself
+/// when it is an IP literal, otherwise every interface.
+pub fn listen_ip(local_host: &str, bind: Option<IpAddr>, ipv6: bool) -> IpAddr {
+    if let Some(ip) = bind {
+        return ip;
+    }
+    if let Ok(ip) = local_host.parse::<IpAddr>() {
+        return ip;
+    }
+    if ipv6 {
+        IpAddr::from([0u16; 8])
+    } else {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    }
+}
+
+/// Local wall-clock time as `YYYY-MM-DD HH:MM:SS.ffffff` (upstream's descriptor timestamp).
+pub fn timestamp_now() -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = now.as_secs() as libc::time_t;
+    // SAFETY: `tm` is plain data; localtime_r fills it and returns null on failure.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    let ok = unsafe { !libc::localtime_r(&secs, &mut tm).is_null() };
+    if !ok {
+        return String::new();
+    }
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec,
+        now.subsec_micros()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binds_inside_the_range() {
+        let l = bind_in_range(IpAddr::V4(Ipv4Addr::LOCALHOST), 21000, 21100, 16).unwrap();
+        let p = l.local_addr().unwrap().port();
+        assert!((21000..=21100).contains(&p));
+    }
+
+    #[test]
+    fn timestamp_has_upstream_shape() {
+        let t = timestamp_now();
+        assert_eq!(t.len(), 26, "{t}");
+        assert_eq!(&t[4..5], "-");
+        assert_eq!(&t[19..20], ".");
+    }
+}

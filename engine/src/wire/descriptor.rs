@@ -1,0 +1,247 @@
+//! The segment descriptor JSON (upstream `encodeSegmentDesc` /
+//! `decodeSegmentDesc`) and the small Notify / Probe bodies.
+
+use serde::{Deserialize, Serialize};
+
+use super::WireError;
+
+/// A peer's segment: where its data port is and which memory it exposes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentDesc {
+    /// Segment name; in P2P mode the session id `host:port`.
+    pub name: String,
+    /// Transport protocol(s) the segment is served by (`"tcp"`, `"rdma"`, ...).
+    #[serde(with = "protocol_field")]
+    pub protocol: Vec<String>,
+    /// TCP data port (0 when the segment has no TCP transport).
+    #[serde(default)]
+    pub tcp_data_port: u16,
+    /// TCP protocol version; absent means 1.
+    #[serde(default = "v1")]
+    pub tcp_proto_version: u32,
+    /// Wall-clock time of encoding, `YYYY-MM-DD HH:MM:SS.ffffff`.
+    #[serde(default)]
+    pub timestamp: String,
+    /// Registered buffers.
+    #[serde(default)]
+    pub buffers: Vec<BufferDesc>,
+}
+
+fn v1() -> u32 {
+    1
+}
+
+/// One registered buffer of a segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferDesc {
+    /// For TCP the owner's server name; for RDMA the location (`cpu:0`).
+    pub name: String,
+    /// Start address in the owner's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u64,
+}
+
+impl BufferDesc {
+    /// Whether `[addr, addr+len)` lies inside this buffer.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        addr >= self.addr && end <= self.addr + self.length
+    }
+}
+
+impl SegmentDesc {
+    /// Parses and validates a descriptor as upstream does: any buffer with an
+    /// empty name, address 0 or length 0 rejects the whole descriptor.
+    pub fn decode(json: &str) -> Result<Self, WireError> {
+        let desc: Self =
+            serde_json::from_str(json).map_err(|e| WireError::Json(e.to_string()))?;
+        desc.validate()?;
+        Ok(desc)
+    }
+
+    /// Compact JSON, as upstream writes it.
+    pub fn encode(&self) -> String {
+        // Serialising plain structs of strings and integers cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    fn validate(&self) -> Result<(), WireError> {
+        if self.name.is_empty() {
+            return Err(WireError::Invalid("segment descriptor has an empty name".into()));
+        }
+        for b in &self.buffers {
+            if b.name.is_empty() || b.addr == 0 || b.length == 0 {
+                return Err(WireError::Invalid(format!(
+                    "segment {:?} lists an invalid buffer (name {:?}, addr {:#x}, length {})",
+                    self.name, b.name, b.addr, b.length
+                )));
+            }
+            if b.addr.checked_add(b.length).is_none() {
+                return Err(WireError::Invalid(format!(
+                    "segment {:?} lists a buffer that wraps the address space ({:#x} + {})",
+                    self.name, b.addr, b.length
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the segment is served over TCP.
+    pub fn speaks_tcp(&self) -> bool {
+        self.protocol.iter().any(|p| p == "tcp") && self.tcp_data_port != 0
+    }
+
+    /// The buffer holding all of `[addr, addr+len)`, if any.
+    pub fn find_buffer(&self, addr: u64, len: u64) -> Option<&BufferDesc> {
+        self.buffers.iter().find(|b| b.contains(addr, len))
+    }
+}
+
+mod protocol_field {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+
+    pub(super) fn serialize<S: Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            [one] => s.serialize_str(one),
+            many => s.collect_seq(many),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        Ok(match OneOrMany::deserialize(d)? {
+            OneOrMany::One(p) => vec![p],
+            OneOrMany::Many(ps) => ps,
+        })
+    }
+}
+
+/// Body of a Notify (type 2) message and of its reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotifyMsg {
+    /// Sender-chosen name.
+    #[serde(default)]
+    pub name: String,
+    /// Message text.
+    #[serde(default)]
+    pub notify_msg: String,
+}
+
+impl NotifyMsg {
+    /// Parses a notify body.
+    pub fn decode(json: &str) -> Result<Self, WireError> {
+        serde_json::from_str(json).map_err(|e| WireError::Json(e.to_string()))
+    }
+
+    /// Compact JSON.
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The reply upstream sends for every accepted notify.
+    pub fn success_reply() -> Self {
+        Self {
+            name: String::new(),
+            notify_msg: "success".into(),
+        }
+    }
+}
+
+/// The Probe (type 3) reply body.
+pub const PROBE_REPLY: &str = r#"{"status":"success"}"#;
+
+/// Whether a probe reply says the peer is alive.
+pub fn probe_reply_ok(json: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(json)
+        .ok()
+        .and_then(|v| v.get("status").and_then(|s| s.as_str()).map(|s| s == "success"))
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UPSTREAM_TCP: &str = r#"{"buffers":[{"addr":140000000000,"length":65536,"name":"127.0.0.1:15123"}],"name":"127.0.0.1:15123","protocol":"tcp","tcp_data_port":16001,"tcp_proto_version":2,"timestamp":"2026-07-25 10:00:00.123456"}"#;
+
+    #[test]
+    fn decodes_an_upstream_tcp_descriptor() {
+        let d = SegmentDesc::decode(UPSTREAM_TCP).unwrap();
+        assert_eq!(d.protocol, vec!["tcp"]);
+        assert_eq!(d.tcp_data_port, 16001);
+        assert_eq!(d.tcp_proto_version, 2);
+        assert!(d.speaks_tcp());
+        assert_eq!(d.find_buffer(140000000000 + 10, 100).unwrap().length, 65536);
+        assert!(d.find_buffer(140000000000 + 65530, 7).is_none());
+        assert!(d.find_buffer(u64::MAX - 1, 7).is_none());
+    }
+
+    #[test]
+    fn round_trips_and_keeps_protocol_a_string() {
+        let d = SegmentDesc::decode(UPSTREAM_TCP).unwrap();
+        let text = d.encode();
+        assert!(text.contains(r#""protocol":"tcp""#), "{text}");
+        assert_eq!(SegmentDesc::decode(&text).unwrap(), d);
+    }
+
+    #[test]
+    fn missing_version_means_v1_and_arrays_of_protocols_parse() {
+        let d = SegmentDesc::decode(
+            r#"{"name":"n","protocol":["tcp","cxl"],"tcp_data_port":5,"buffers":[]}"#,
+        )
+        .unwrap();
+        assert_eq!(d.tcp_proto_version, 1);
+        assert_eq!(d.protocol, vec!["tcp", "cxl"]);
+    }
+
+    #[test]
+    fn rdma_descriptor_fields_are_tolerated() {
+        let d = SegmentDesc::decode(
+            r#"{"name":"n","protocol":"rdma","devices":[{"name":"mlx5_0","lid":0,"gid":"00"}],
+            "buffers":[{"name":"cpu:0","addr":4096,"length":4096,"rkey":[1],"lkey":[2]}],
+            "priority_matrix":{"cpu:0":[["mlx5_0"],[]]}}"#,
+        )
+        .unwrap();
+        assert!(!d.speaks_tcp());
+    }
+
+    #[test]
+    fn invalid_buffers_reject_the_descriptor() {
+        for bad in [
+            r#"{"name":"n","protocol":"tcp","buffers":[{"name":"","addr":1,"length":1}]}"#,
+            r#"{"name":"n","protocol":"tcp","buffers":[{"name":"x","addr":0,"length":1}]}"#,
+            r#"{"name":"n","protocol":"tcp","buffers":[{"name":"x","addr":1,"length":0}]}"#,
+            r#"{"name":"n","protocol":"tcp","buffers":[{"name":"x","addr":18446744073709551615,"length":2}]}"#,
+            r#"{"name":"","protocol":"tcp"}"#,
+            r#"{"name":"n"}"#,
+            r#"{"name":"n","protocol":"tcp","buffers":[{"name":"x","addr":-1,"length":1}]}"#,
+            r#"not json"#,
+            r#"{"name":"n","protocol":"tcp","buffers":"#,
+        ] {
+            assert!(SegmentDesc::decode(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn notify_and_probe_bodies() {
+        let n = NotifyMsg::decode(r#"{"name":"a","notify_msg":"b"}"#).unwrap();
+        assert_eq!((n.name.as_str(), n.notify_msg.as_str()), ("a", "b"));
+        assert_eq!(
+            NotifyMsg::success_reply().encode(),
+            r#"{"name":"","notify_msg":"success"}"#
+        );
+        assert!(probe_reply_ok(PROBE_REPLY));
+        assert!(!probe_reply_ok(r#"{"status":"fail"}"#));
+        assert!(!probe_reply_ok("garbage"));
+        assert!(NotifyMsg::decode("[").is_err());
+    }
+}
