@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod memory;
 pub mod metadata;
 pub mod net;
 pub mod task;
+pub mod topology;
 pub mod transport;
 pub mod wire;
 

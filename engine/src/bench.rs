@@ -1,0 +1,325 @@
+//! `transfer_engine_bench`: upstream-compatible flags, TCP transport. Shared
+//! by the `transfer_engine_bench` binary and the wheel's console script.
+//!
+//! Target: `--mode=target --metadata_server=P2PHANDSHAKE` prints
+//! `segment_id=HOST:PORT` and serves until SIGINT/SIGTERM.
+//! Initiator: `--segment_id=HOST:PORT --operation=write --block_size=4194304
+//! --batch_size=64 --threads=2 --duration=10` prints GB/s, requests/s and the
+//! batch latency percentiles; `--json` adds one machine-readable line.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{ArgAction, Parser, ValueEnum};
+
+use crate::{Config, OpCode, Request, TransferEngine};
+
+#[derive(Parser, Debug)]
+#[command(name = "transfer_engine_bench", about = "Transfer engine throughput benchmark (TCP)")]
+struct Flags {
+    /// initiator or target
+    #[arg(long, value_enum, default_value = "initiator")]
+    mode: Mode,
+    /// read or write
+    #[arg(long, value_enum, default_value = "read")]
+    operation: Operation,
+    /// transport protocol; this build moves data over tcp
+    #[arg(long, default_value = "tcp")]
+    protocol: String,
+    /// metadata connection string
+    #[arg(long = "metadata_server", default_value = "P2PHANDSHAKE")]
+    metadata_server: String,
+    /// local server name (host; the port is chosen in P2P mode)
+    #[arg(long = "local_server_name")]
+    local_server_name: Option<String>,
+    /// target segment id (`host:rpc_port` printed by the target)
+    #[arg(long = "segment_id", default_value = "")]
+    segment_id: String,
+    /// RDMA device list (accepted for compatibility; unused over TCP)
+    #[arg(long = "device_name", default_value = "")]
+    device_name: String,
+    /// accepted for compatibility
+    #[arg(long = "auto_discovery", action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    auto_discovery: bool,
+    /// bytes of registered buffer
+    #[arg(long = "buffer_size", default_value_t = 1 << 30)]
+    buffer_size: u64,
+    /// requests per batch
+    #[arg(long = "batch_size", default_value_t = 128)]
+    batch_size: usize,
+    /// bytes per request
+    #[arg(long = "block_size", default_value_t = 65536)]
+    block_size: u64,
+    /// seconds to run
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// submitting threads
+    #[arg(long, default_value_t = 12)]
+    threads: usize,
+    /// GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb
+    #[arg(long = "report_unit", default_value = "GB")]
+    report_unit: String,
+    /// digits after the point
+    #[arg(long = "report_precision", default_value_t = 2)]
+    report_precision: usize,
+    /// also print one JSON line with the figures
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Mode {
+    Initiator,
+    Target,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
+enum Operation {
+    Read,
+    Write,
+}
+
+/// Runs the benchmark with `args` (the first is the program name); returns the exit status.
+pub fn main_with_args<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let flags = match Flags::try_parse_from(args) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    match run(flags) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("transfer_engine_bench: {e}");
+            1
+        }
+    }
+}
+
+fn run(flags: Flags) -> Result<(), String> {
+    let config = Config::from_env().map_err(|e| e.to_string())?;
+    crate::logging::init(config.log_level);
+    if flags.protocol != "tcp" {
+        return Err(format!(
+            "--protocol={} is not available in this build; use --protocol=tcp",
+            flags.protocol
+        ));
+    }
+    if flags.block_size == 0 || flags.batch_size == 0 || flags.threads == 0 {
+        return Err("--block_size, --batch_size and --threads must be positive".into());
+    }
+    if flags.buffer_size < flags.block_size {
+        return Err("--buffer_size must be at least --block_size".into());
+    }
+    let unit = unit_divisor(&flags.report_unit)?;
+    let host = flags.local_server_name.clone().unwrap_or_else(hostname);
+    if matches!(flags.mode, Mode::Target) {
+        block_termination_signals();
+    }
+    let engine = TransferEngine::new(&host, &flags.metadata_server, config).map_err(|e| e.to_string())?;
+    let buffer = Buffer::new(flags.buffer_size as usize, 0xCC)?;
+    engine
+        .register_memory(buffer.addr(), flags.buffer_size, "cpu:0")
+        .map_err(|e| e.to_string())?;
+    match flags.mode {
+        Mode::Target => {
+            println!("segment_id={}", engine.session_id());
+            println!("buffer={:#x} size={}", buffer.addr(), flags.buffer_size);
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            wait_for_termination_signal();
+            drop(engine);
+            Ok(())
+        }
+        Mode::Initiator => initiate(&flags, &engine, &buffer, unit),
+    }
+}
+
+fn initiate(flags: &Flags, engine: &TransferEngine, buffer: &Buffer, unit: (f64, &str)) -> Result<(), String> {
+    if flags.segment_id.is_empty() {
+        return Err("--segment_id is required in initiator mode (the target prints it)".into());
+    }
+    let remote = engine
+        .segment_buffers(&flags.segment_id)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .max_by_key(|b| b.length)
+        .ok_or("the target registered no buffer")?;
+    let span = flags.buffer_size.min(remote.length) / flags.block_size * flags.block_size;
+    if span == 0 {
+        return Err("the target's buffer is smaller than --block_size".into());
+    }
+    let op = match flags.operation {
+        Operation::Read => OpCode::Read,
+        Operation::Write => OpCode::Write,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let results: Vec<Result<(u64, Vec<Duration>), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..flags.threads)
+            .map(|tid| {
+                let stop = stop.clone();
+                let (local, remote_base) = (buffer.addr(), remote.addr);
+                s.spawn(move || {
+                    let requests: Vec<Request> = (0..flags.batch_size)
+                        .map(|j| {
+                            let off = ((tid * flags.batch_size + j) as u64 * flags.block_size) % span;
+                            Request {
+                                op,
+                                local: local + off,
+                                remote: remote_base + off,
+                                len: flags.block_size,
+                            }
+                        })
+                        .collect();
+                    let mut batches = 0u64;
+                    let mut latencies = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        // SAFETY: requests address our registered buffer, alive for the whole run.
+                        unsafe { engine.transfer_sync(&flags.segment_id, &requests) }
+                            .map_err(|e| format!("batch failed: {e}"))?;
+                        latencies.push(t.elapsed());
+                        batches += 1;
+                    }
+                    Ok((batches, latencies))
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(flags.duration));
+        stop.store(true, Ordering::Relaxed);
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
+            .collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut batches = 0;
+    let mut lat = Vec::new();
+    for r in results {
+        let (b, l) = r?;
+        batches += b;
+        lat.extend(l);
+    }
+    lat.sort();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * p).round() as usize)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    };
+    let requests = batches * flags.batch_size as u64;
+    let bytes = requests * flags.block_size;
+    let rate = bytes as f64 / elapsed / unit.0;
+    println!(
+        "Test completed: duration {elapsed:.2}, batch count {batches}, throughput {rate:.prec$} {}/s, {:.0} requests/s, batch latency p50 {:.1} us p99 {:.1} us",
+        unit.1,
+        requests as f64 / elapsed,
+        pct(0.5),
+        pct(0.99),
+        prec = flags.report_precision
+    );
+    if flags.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "operation": format!("{:?}", flags.operation).to_lowercase(),
+                "block_size": flags.block_size, "batch_size": flags.batch_size, "threads": flags.threads,
+                "duration_s": elapsed, "batches": batches, "requests": requests, "bytes": bytes,
+                "gb_per_s": bytes as f64 / elapsed / 1e9, "requests_per_s": requests as f64 / elapsed,
+                "latency_p50_us": pct(0.5), "latency_p99_us": pct(0.99),
+            })
+        );
+    }
+    Ok(())
+}
+
+fn unit_divisor(unit: &str) -> Result<(f64, &'static str), String> {
+    Ok(match unit {
+        "GB" => (1e9, "GB"),
+        "GiB" => (1073741824.0, "GiB"),
+        "Gb" => (1.25e8, "Gb"),
+        "MB" => (1e6, "MB"),
+        "MiB" => (1048576.0, "MiB"),
+        "Mb" => (1.25e5, "Mb"),
+        "KB" => (1e3, "KB"),
+        "KiB" => (1024.0, "KiB"),
+        "Kb" => (125.0, "Kb"),
+        other => return Err(format!("--report_unit={other} is not one of GB GiB Gb MB MiB Mb KB KiB Kb")),
+    })
+}
+
+/// A page-aligned heap buffer that outlives every transfer of the run.
+struct Buffer {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Buffer {
+    fn new(len: usize, fill: u8) -> Result<Self, String> {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(|e| e.to_string())?;
+        // SAFETY: non-zero size checked by the caller (buffer_size >= block_size > 0).
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(format!("cannot allocate {len} bytes for --buffer_size"));
+        }
+        // SAFETY: freshly allocated, `len` bytes.
+        unsafe { std::ptr::write_bytes(ptr, fill, len) };
+        Ok(Self { ptr, layout })
+    }
+
+    fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+// SAFETY: the buffer is only a target of transfers; ownership stays with `run`.
+unsafe impl Sync for Buffer {}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn termination_set() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local value.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        set
+    }
+}
+
+/// Blocks SIGINT/SIGTERM in this thread and every thread it starts, so the
+/// calling thread can wait for them with `sigwait`.
+fn block_termination_signals() {
+    let set = termination_set();
+    // SAFETY: valid set; a null old-set pointer is allowed.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+}
+
+fn wait_for_termination_signal() {
+    let set = termination_set();
+    let mut sig = 0;
+    // SAFETY: valid set and output pointer.
+    unsafe { libc::sigwait(&set, &mut sig) };
+}

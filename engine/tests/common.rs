@@ -1,0 +1,161 @@
+//! Test support: a peer engine in a separate process (this test binary run
+//! again with `TE_TEST_PEER` set), page-aligned buffers, patterns and hashes.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use transfer_engine::{Config, TransferEngine};
+
+/// Bytes of guard zone on each side of the peer's registered region.
+pub const GUARD: u64 = 64 << 10;
+/// Fill of the guard zones, which must never change.
+pub const GUARD_FILL: u8 = 0x5A;
+
+/// Deterministic, non-periodic test data.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// FNV-1a, enough to compare buffers across processes.
+pub fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// A page-aligned, zeroed heap buffer.
+pub struct Buf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+unsafe impl Send for Buf {}
+unsafe impl Sync for Buf {}
+
+impl Buf {
+    pub fn new(len: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Self { ptr, len }
+    }
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    pub fn bytes(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len, 4096).unwrap();
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+/// A local engine on loopback.
+pub fn engine() -> TransferEngine {
+    TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).expect("engine starts")
+}
+
+/// The peer process: an engine whose region `[addr, addr+len)` holds
+/// `pattern(len, seed)`, with guard zones around it that are not registered.
+pub struct Peer {
+    pub child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    pub session: String,
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl Peer {
+    pub fn spawn(len: u64, seed: u64) -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
+            .env("TE_TEST_PEER", format!("{len} {seed}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("peer process starts");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(stdout.read_line(&mut line).unwrap() > 0, "peer exited before it was ready");
+            if let Some(rest) = line.split_once("PEER ").map(|(_, r)| r) {
+                let v: Vec<&str> = rest.split_whitespace().collect();
+                return Self {
+                    child,
+                    stdin,
+                    stdout,
+                    session: v[0].to_string(),
+                    addr: v[1].parse().unwrap(),
+                    len: v[2].parse().unwrap(),
+                };
+            }
+        }
+    }
+
+    /// FNV of the peer's bytes `[addr, addr+len)` (guard zones included if asked).
+    pub fn hash(&mut self, addr: u64, len: u64) -> u64 {
+        writeln!(self.stdin, "hash {addr} {len}").unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "peer died");
+            if let Some(h) = line.split_once("HASH ").map(|(_, r)| r) {
+                return h.trim().parse().unwrap();
+            }
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Body of the peer process; returns at once unless `TE_TEST_PEER` is set.
+pub fn peer_main() {
+    let Ok(spec) = std::env::var("TE_TEST_PEER") else {
+        return;
+    };
+    let mut it = spec.split_whitespace().map(|s| s.parse::<u64>().unwrap());
+    let (len, seed) = (it.next().unwrap(), it.next().unwrap());
+    let mut buf = Buf::new((len + 2 * GUARD) as usize);
+    buf.bytes_mut().fill(GUARD_FILL);
+    let region = GUARD as usize..(GUARD + len) as usize;
+    buf.bytes_mut()[region].copy_from_slice(&pattern(len as usize, seed));
+    let engine = engine();
+    engine.register_memory(buf.addr() + GUARD, len, "cpu:0").unwrap();
+    // Straight to the stdout handle: the test harness captures `println!`.
+    let mut out = std::io::stdout();
+    writeln!(out, "PEER {} {} {}", engine.session_id(), buf.addr() + GUARD, len).unwrap();
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let line = line.unwrap();
+        let v: Vec<&str> = line.split_whitespace().collect();
+        if v.first() == Some(&"hash") {
+            let (a, n): (u64, u64) = (v[1].parse().unwrap(), v[2].parse().unwrap());
+            let off = (a - buf.addr()) as usize;
+            writeln!(out, "HASH {}", fnv(&buf.bytes()[off..off + n as usize])).unwrap();
+        }
+    }
+    std::process::exit(0);
+}

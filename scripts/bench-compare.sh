@@ -1,0 +1,314 @@
+#!/usr/bin/env bash
+# Loopback benchmark: the socket limit (single-stream iperf3), the published upstream engine
+# (Python harness tests/interop/upstream_peer.py, and the wheel's own C++
+# transfer_engine_bench), and ours (target/release/transfer_engine_bench), all over TCP on
+# 127.0.0.1 with the P2P handshake.
+#
+#   scripts/bench-compare.sh                 # results table on stdout
+#
+# Environment:
+#   OURS_BENCH      our bench binary (default: $REPO/target/release/transfer_engine_bench);
+#                   its part is skipped with a note when the file is missing
+#   UPSTREAM_PY     the upstream venv's python (default: what scripts/setup-upstream.sh prints)
+#   DURATION        seconds per throughput case (default 5); latency cases use the same
+#   THREADS         submission threads for the bench binaries and the harness (default 1)
+#   BUFFER_SIZE     bench buffer bytes (default 1073741824); must be >= THREADS*64*4MiB
+#   IPERF_PORT      iperf3 port (default 5201)
+#   OUT_DIR         results and logs (default: $REPO/target/bench-compare)
+#   SKIP_IPERF=1, SKIP_UPSTREAM_PY=1, SKIP_UPSTREAM_BENCH=1, SKIP_OURS=1, SKIP_CROSS=1
+#
+# Results: one JSON object per line in $OUT_DIR/results.jsonl, keys impl, case, gbps,
+# req_per_s, p50_us, p99_us (absent where they do not apply); a markdown table on stdout.
+# GB/s is 1e9 bytes per second. Logs of every process are in $OUT_DIR/logs/.
+#
+# Cases (same for every implementation):
+#   write-4MiBx64, read-4MiBx64     block 4 MiB, batch 64
+#   write-64KiBx64, read-64KiBx64   block 64 KiB, batch 64
+#   lat-write-4KiB, lat-read-4KiB   harness: single 4 KiB transfer_sync_* one at a time (p50/p99);
+#                                   bench binaries: block 4 KiB, batch 1, 1 thread (req/s only,
+#                                   so mean latency = 1/req_per_s)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OURS_BENCH="${OURS_BENCH:-$REPO/target/release/transfer_engine_bench}"
+DURATION="${DURATION:-5}"
+THREADS="${THREADS:-1}"
+BUFFER_SIZE="${BUFFER_SIZE:-1073741824}"
+IPERF_PORT="${IPERF_PORT:-5201}"
+OUT_DIR="${OUT_DIR:-$REPO/target/bench-compare}"
+HOST=127.0.0.1
+PEER_PY="$REPO/tests/interop/upstream_peer.py"
+
+export MC_FORCE_TCP=1
+
+mkdir -p "$OUT_DIR/logs"
+RESULTS="$OUT_DIR/results.jsonl"
+: >"$RESULTS"
+LOGS="$OUT_DIR/logs"
+
+log() { printf 'bench-compare: %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# --- cleanup: every background process we start is tracked by pid ----------------------
+BG_PIDS=()
+IPERF_PIDFILE="$OUT_DIR/iperf3.pid"
+cleanup() {
+    local pid
+    for pid in "${BG_PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${BG_PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    if [ -s "$IPERF_PIDFILE" ]; then
+        kill -TERM "$(cat "$IPERF_PIDFILE")" 2>/dev/null || true
+        rm -f "$IPERF_PIDFILE"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+stop_bg() {  # stop_bg PID: stop one background process we started
+    local pid="$1" keep=() p
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    for p in "${BG_PIDS[@]}"; do [ "$p" = "$pid" ] || keep+=("$p"); done
+    BG_PIDS=("${keep[@]}")
+}
+
+# wait_for_match FILE REGEX TIMEOUT_S PID: print the first match of the extended REGEX
+# (grep -o) in FILE once it appears; fail if PID dies or the timeout passes.
+wait_for_match() {
+    local file="$1" re="$2" timeout="$3" pid="$4" i m
+    for ((i = 0; i < timeout * 10; i++)); do
+        m="$(grep -Eo "$re" "$file" 2>/dev/null | head -n1 || true)"
+        if [ -n "$m" ]; then printf '%s\n' "$m"; return 0; fi
+        kill -0 "$pid" 2>/dev/null || { log "process $pid exited before printing /$re/ (see $file)"; return 1; }
+        sleep 0.1
+    done
+    log "timed out after ${timeout}s waiting for /$re/ in $file"
+    return 1
+}
+
+record() {  # record JSON_OBJECT: append one result line
+    printf '%s\n' "$1" >>"$RESULTS"
+    log "result: $1"
+}
+
+# --- 1. iperf3: single TCP stream on loopback --------------------------------------------
+run_iperf() {
+    command -v iperf3 >/dev/null || { log "iperf3 missing (scripts/setup-upstream.sh installs it); skipped"; return 0; }
+    rm -f "$IPERF_PIDFILE"
+    iperf3 -s -1 -p "$IPERF_PORT" -B "$HOST" -D -I "$IPERF_PIDFILE" --logfile "$LOGS/iperf3-server.log"
+    local i
+    for ((i = 0; i < 50; i++)); do
+        [ -s "$IPERF_PIDFILE" ] && ss -ltn "( sport = :$IPERF_PORT )" 2>/dev/null | grep -q LISTEN && break
+        sleep 0.1
+    done
+    iperf3 -c "$HOST" -p "$IPERF_PORT" -t "$DURATION" -J >"$LOGS/iperf3-client.json"
+    python3 - "$LOGS/iperf3-client.json" >>"$RESULTS" <<'EOF'
+import json, sys
+e = json.load(open(sys.argv[1]))["end"]
+print(json.dumps({"impl": "iperf3", "case": "single-stream",
+                  "gbps": round(e["sum_received"]["bits_per_second"] / 8e9, 3),
+                  "retransmits": e["sum_sent"].get("retransmits")}))
+EOF
+    log "result: $(tail -n1 "$RESULTS")"
+    # -1: the server exits after one test; the pidfile goes with it.
+    for ((i = 0; i < 20; i++)); do [ -s "$IPERF_PIDFILE" ] || break; sleep 0.1; done
+}
+
+# --- 2. upstream, Python harness (upstream_peer.py) on both sides ---------------------------
+run_upstream_py() {
+    local py="$1" out="$LOGS/upstream-py-target.out" pid sid buf line
+    "$py" "$PEER_PY" bench-target --size "$BUFFER_SIZE" --wait signal </dev/null \
+        >"$out" 2>"$LOGS/upstream-py-target.err" &
+    pid=$!; BG_PIDS+=("$pid")
+    line="$(wait_for_match "$out" '^\{.*\}$' 60 "$pid")"
+    sid="$(printf '%s' "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])')"
+    buf="$(printf '%s' "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["buffer"])')"
+    log "upstream-py target at $sid"
+
+    local spec op bs tag
+    for spec in "write 4194304 4MiB" "read 4194304 4MiB" "write 65536 64KiB" "read 65536 64KiB"; do
+        read -r op bs tag <<<"$spec"
+        harness_case "$py" "$op-${tag}x64" "$sid" "$buf" --op "$op" --block-size "$bs" --batch-size 64 --threads "$THREADS"
+    done
+    for op in write read; do
+        harness_case "$py" "lat-$op-4KiB" "$sid" "$buf" --op "$op" --latency --block-size 4096
+    done
+    stop_bg "$pid"
+}
+
+harness_case() {  # harness_case PY CASE SID BUF ARGS...: one upstream_peer.py bench-initiator run
+    local py="$1" cname="$2" sid="$3" buf="$4"; shift 4
+    local line
+    if line="$("$py" "$PEER_PY" bench-initiator --peer "$sid" --peer-buffer "$buf" --peer-size "$BUFFER_SIZE" \
+            --duration "$DURATION" "$@" 2>>"$LOGS/upstream-py-initiator.err" | tail -n1)"; then :; fi
+    [ -n "$line" ] || line='{"ok": false, "error": "no output"}'
+    record "$(python3 -c '
+import json, sys
+d = json.loads(sys.argv[2])
+r = {"impl": "upstream-py", "case": sys.argv[1]}
+for k in ("gbps", "req_per_s", "p50_us", "p99_us", "ops_per_s", "error"):
+    if k in d: r[k] = d[k]
+if "ops_per_s" in r: r["req_per_s"] = r.pop("ops_per_s")
+print(json.dumps(r))' "$cname" "$line")"
+}
+
+# --- 3. bench binaries (upstream's C++ transfer_engine_bench, and ours) ----------------------
+# Both take upstream's gflags: --mode=target|initiator --operation=read|write --protocol=tcp
+# --metadata_server=P2PHANDSHAKE --segment_id=HOST:PORT --block_size --batch_size
+# --buffer_size --duration --threads.
+#
+# How the target's segment id is found (the regex matches either):
+#   upstream: glog line "Transfer Engine RPC using P2P handshake, listening on HOST:PORT"
+#   ours:     a line containing "segment_id=HOST:PORT"
+SEGMENT_RE='(listening on|segment_id=) ?[0-9.]+:[0-9]+'
+
+# Extra flags per binary. Upstream needs --local_server_name=127.0.0.1 in P2P mode (its default
+# is the machine's hostname, which then becomes the host part of the segment id).
+UPSTREAM_BENCH_FLAGS="${UPSTREAM_BENCH_FLAGS:---local_server_name=$HOST}"
+# >>> OURS: flags our binary needs beyond the common set (default: same as upstream).
+OURS_BENCH_FLAGS="${OURS_BENCH_FLAGS:---local_server_name=$HOST}"
+
+flags_for() {  # flags_for BIN: print the extra flags of that binary, one per line
+    local extra
+    if [ "$1" = "$OURS_BENCH" ]; then extra="$OURS_BENCH_FLAGS"; else extra="$UPSTREAM_BENCH_FLAGS"; fi
+    # shellcheck disable=SC2086  # split the flags on whitespace, on purpose
+    [ -z "$extra" ] || printf '%s\n' $extra
+}
+
+start_bench_target() {  # start_bench_target NAME BIN -> sets TARGET_PID, TARGET_SEGMENT
+    local name="$1" bin="$2" out="$LOGS/$1-target.log" m extra
+    mapfile -t extra < <(flags_for "$bin")
+    "$bin" --mode=target --protocol=tcp --metadata_server=P2PHANDSHAKE \
+        --buffer_size="$BUFFER_SIZE" "${extra[@]}" </dev/null >"$out" 2>&1 &
+    TARGET_PID=$!; BG_PIDS+=("$TARGET_PID")
+    m="$(wait_for_match "$out" "$SEGMENT_RE" 60 "$TARGET_PID")"
+    TARGET_SEGMENT="$(printf '%s' "$m" | grep -Eo '[0-9.]+:[0-9]+$')"
+    log "$name target at $TARGET_SEGMENT (pid $TARGET_PID)"
+}
+
+# bench_initiator IMPL CASE BIN SEGMENT OP BLOCK BATCH THREADS: one timed run, one result line.
+bench_initiator() {
+    local impl="$1" cname="$2" bin="$3" seg="$4" op="$5" block="$6" batch="$7" threads="$8"
+    local out="$LOGS/$impl-$cname.log" rc=0 extra
+    mapfile -t extra < <(flags_for "$bin")
+    "$bin" --mode=initiator --operation="$op" --protocol=tcp --metadata_server=P2PHANDSHAKE \
+        --segment_id="$seg" --block_size="$block" --batch_size="$batch" \
+        --buffer_size="$BUFFER_SIZE" --duration="$DURATION" --threads="$threads" \
+        "${extra[@]}" </dev/null >"$out" 2>&1 || rc=$?
+    record "$(parse_bench_output "$impl" "$cname" "$out" "$rc" "$block" "$batch")"
+}
+
+# Upstream prints "Test completed: duration D, batch count N, throughput X GB/s"; ours prints
+# the same prefix and may add ", batch latency p50 P us p99 Q us" (recorded as batch_p50_us /
+# batch_p99_us, and as p50_us / p99_us when the batch size is 1).
+# >>> OURS: if our binary's result line changes, parse it here.
+parse_bench_output() {
+    python3 - "$@" <<'EOF'
+import json, re, sys
+impl, case, path, rc, block, batch = sys.argv[1:7]
+text = open(path, errors="replace").read()
+r = {"impl": impl, "case": case}
+m = re.search(r"Test completed: duration ([0-9.]+), batch count ([0-9]+), throughput ([0-9.]+)", text)
+if m and rc == "0":
+    dur, n = float(m.group(1)), int(m.group(2))
+    reqs = n * int(batch)
+    r["gbps"] = round(reqs * int(block) / 1e9 / dur, 3)
+    r["req_per_s"] = round(reqs / dur, 1)
+    lat = re.search(r"batch latency p50 ([0-9.]+) us p99 ([0-9.]+) us", text)
+    if lat:
+        r["batch_p50_us"], r["batch_p99_us"] = float(lat.group(1)), float(lat.group(2))
+        if int(batch) == 1:
+            r["p50_us"], r["p99_us"] = r["batch_p50_us"], r["batch_p99_us"]
+else:
+    r["error"] = f"exit {rc}, no 'Test completed' line (see {path})"
+print(json.dumps(r))
+EOF
+}
+
+# run_bench_suite IMPL TARGET_SEGMENT INITIATOR_BIN: every case against one running target.
+run_bench_suite() {
+    local impl="$1" seg="$2" bin="$3" spec op bs tag
+    for spec in "write 4194304 4MiB" "read 4194304 4MiB" "write 65536 64KiB" "read 65536 64KiB"; do
+        read -r op bs tag <<<"$spec"
+        bench_initiator "$impl" "$op-${tag}x64" "$bin" "$seg" "$op" "$bs" 64 "$THREADS"
+    done
+    for op in write read; do
+        bench_initiator "$impl" "lat-$op-4KiB" "$bin" "$seg" "$op" 4096 1 1
+    done
+}
+
+upstream_bench_bin() {  # the C++ bench shipped inside the upstream wheel
+    (cd / && "$1" -c 'import mooncake, os; print(os.path.join(os.path.dirname(mooncake.__file__), "transfer_engine_bench"))')
+}
+
+# --- main ------------------------------------------------------------------------------------
+log "results: $RESULTS, logs: $LOGS (duration ${DURATION}s, threads $THREADS)"
+
+if [ "${SKIP_IPERF:-0}" != 1 ]; then run_iperf; fi
+
+UP_BENCH=""
+if [ "${SKIP_UPSTREAM_PY:-0}" != 1 ] || [ "${SKIP_UPSTREAM_BENCH:-0}" != 1 ] || [ "${SKIP_CROSS:-0}" != 1 ]; then
+    UPSTREAM_PY="${UPSTREAM_PY:-$("$REPO/scripts/setup-upstream.sh" | tail -n1)}"
+    [ -x "$UPSTREAM_PY" ] || die "no upstream python at '$UPSTREAM_PY'"
+    UP_BENCH="$(upstream_bench_bin "$UPSTREAM_PY")"
+    [ -x "$UP_BENCH" ] || { log "upstream wheel has no transfer_engine_bench"; UP_BENCH=""; }
+fi
+
+if [ "${SKIP_UPSTREAM_PY:-0}" != 1 ]; then
+    run_upstream_py "$UPSTREAM_PY"
+fi
+
+if [ "${SKIP_UPSTREAM_BENCH:-0}" != 1 ] && [ -n "$UP_BENCH" ]; then
+    start_bench_target upstream-bench "$UP_BENCH"
+    run_bench_suite upstream-bench "$TARGET_SEGMENT" "$UP_BENCH"
+    stop_bg "$TARGET_PID"
+fi
+
+# >>> OURS ------------------------------------------------------------------------------------
+# Our bench binary against itself, then across implementations (wire compatibility under load).
+# Assumes ours takes the upstream flags above and its target prints "segment_id=HOST:PORT".
+# If ours gains a real latency mode (p50/p99), add its invocation next to the lat-* cases in
+# run_bench_suite and parse it in parse_bench_output.
+if [ "${SKIP_OURS:-0}" != 1 ]; then
+    if [ -x "$OURS_BENCH" ]; then
+        # ours -> ours
+        start_bench_target ours "$OURS_BENCH"
+        run_bench_suite ours "$TARGET_SEGMENT" "$OURS_BENCH"
+        if [ "${SKIP_CROSS:-0}" != 1 ] && [ -n "$UP_BENCH" ]; then
+            # upstream initiator -> our target
+            run_bench_suite upstream-to-ours "$TARGET_SEGMENT" "$UP_BENCH"
+        fi
+        stop_bg "$TARGET_PID"
+
+        if [ "${SKIP_CROSS:-0}" != 1 ] && [ -n "$UP_BENCH" ]; then
+            # our initiator -> upstream target
+            start_bench_target upstream-bench "$UP_BENCH"
+            run_bench_suite ours-to-upstream "$TARGET_SEGMENT" "$OURS_BENCH"
+            stop_bg "$TARGET_PID"
+        fi
+    else
+        log "OURS_BENCH=$OURS_BENCH not found (build it with cargo build --release); our part skipped"
+    fi
+fi
+# <<< OURS ------------------------------------------------------------------------------------
+
+# --- table -----------------------------------------------------------------------------------
+python3 - "$RESULTS" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+base = next((r["gbps"] for r in rows if r["impl"] == "iperf3" and "gbps" in r), None)
+def f(v, nd=3):
+    return "" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+print("| impl | case | GB/s | % of iperf3 | req/s | p50 us | p99 us | note |")
+print("|---|---|---|---|---|---|---|---|")
+for r in rows:
+    g = r.get("gbps")
+    pct = f"{100.0 * g / base:.0f}%" if (g is not None and base and r["impl"] != "iperf3") else ""
+    print(f"| {r['impl']} | {r['case']} | {f(g)} | {pct} | {f(r.get('req_per_s'), 0)} | "
+          f"{f(r.get('p50_us'), 1)} | {f(r.get('p99_us'), 1)} | {r.get('error', '')} |")
+EOF
