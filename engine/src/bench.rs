@@ -16,7 +16,10 @@ use clap::{ArgAction, Parser, ValueEnum};
 use crate::{Config, OpCode, Request, TransferEngine};
 
 #[derive(Parser, Debug)]
-#[command(name = "transfer_engine_bench", about = "Transfer engine throughput benchmark (TCP)")]
+#[command(
+    name = "transfer_engine_bench",
+    about = "Transfer engine throughput benchmark (TCP)"
+)]
 struct Flags {
     /// initiator or target
     #[arg(long, value_enum, default_value = "initiator")]
@@ -122,7 +125,8 @@ fn run(flags: Flags) -> Result<(), String> {
     if matches!(flags.mode, Mode::Target) {
         block_termination_signals();
     }
-    let engine = TransferEngine::new(&host, &flags.metadata_server, config).map_err(|e| e.to_string())?;
+    let engine =
+        TransferEngine::new(&host, &flags.metadata_server, config).map_err(|e| e.to_string())?;
     let buffer = Buffer::new(flags.buffer_size as usize, 0xCC)?;
     engine
         .register_memory(buffer.addr(), flags.buffer_size, "cpu:0")
@@ -141,7 +145,12 @@ fn run(flags: Flags) -> Result<(), String> {
     }
 }
 
-fn initiate(flags: &Flags, engine: &TransferEngine, buffer: &Buffer, unit: (f64, &str)) -> Result<(), String> {
+fn initiate(
+    flags: &Flags,
+    engine: &TransferEngine,
+    buffer: &Buffer,
+    unit: (f64, &str),
+) -> Result<(), String> {
     if flags.segment_id.is_empty() {
         return Err("--segment_id is required in initiator mode (the target prints it)".into());
     }
@@ -169,7 +178,8 @@ fn initiate(flags: &Flags, engine: &TransferEngine, buffer: &Buffer, unit: (f64,
                 s.spawn(move || {
                     let requests: Vec<Request> = (0..flags.batch_size)
                         .map(|j| {
-                            let off = ((tid * flags.batch_size + j) as u64 * flags.block_size) % span;
+                            let off =
+                                ((tid * flags.batch_size + j) as u64 * flags.block_size) % span;
                             Request {
                                 op,
                                 local: local + off,
@@ -249,7 +259,11 @@ fn unit_divisor(unit: &str) -> Result<(f64, &'static str), String> {
         "KB" => (1e3, "KB"),
         "KiB" => (1024.0, "KiB"),
         "Kb" => (125.0, "Kb"),
-        other => return Err(format!("--report_unit={other} is not one of GB GiB Gb MB MiB Mb KB KiB Kb")),
+        other => {
+            return Err(format!(
+                "--report_unit={other} is not one of GB GiB Gb MB MiB Mb KB KiB Kb"
+            ))
+        }
     })
 }
 

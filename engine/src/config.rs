@@ -136,7 +136,10 @@ impl Config {
         let mut c = Self::default();
         if let Some(v) = get("MC_FORCE_TCP") {
             c.force_tcp = true;
-            if matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off") {
+            if matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "false" | "no" | "off"
+            ) {
                 tracing::warn!(
                     "MC_FORCE_TCP={v:?} still forces TCP: upstream checks only that the variable is set; unset it to allow other transports"
                 );
@@ -170,7 +173,8 @@ impl Config {
             c.handshake_listen_backlog = b.max(1);
         }
         if let Some(s) = env.int::<u64>("MC_HANDSHAKE_CONNECT_TIMEOUT", "whole seconds")? {
-            c.handshake_connect_timeout = Duration::from_secs(nonzero("MC_HANDSHAKE_CONNECT_TIMEOUT", s)?);
+            c.handshake_connect_timeout =
+                Duration::from_secs(nonzero("MC_HANDSHAKE_CONNECT_TIMEOUT", s)?);
         }
         if let Some(n) = env.int::<u64>("MC_HANDSHAKE_MAX_LENGTH", "bytes, 1 to 134217728")? {
             if !(1..=128 << 20).contains(&n) {
@@ -198,7 +202,9 @@ impl Config {
             None => {
                 let old = env.int::<usize>("MC_TCP_MAX_CONNECTIONS_PER_PEER", "1 to 16")?;
                 if old.is_some() {
-                    tracing::warn!("MC_TCP_MAX_CONNECTIONS_PER_PEER is deprecated; use MC_TCP_LANES_PER_PEER");
+                    tracing::warn!(
+                        "MC_TCP_MAX_CONNECTIONS_PER_PEER is deprecated; use MC_TCP_LANES_PER_PEER"
+                    );
                 }
                 old.map(|n| ("MC_TCP_MAX_CONNECTIONS_PER_PEER", n))
             }
@@ -264,7 +270,11 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
         }
     }
 
-    fn int<T: std::str::FromStr>(&self, var: &'static str, expected: &str) -> Result<Option<T>, ConfigError> {
+    fn int<T: std::str::FromStr>(
+        &self,
+        var: &'static str,
+        expected: &str,
+    ) -> Result<Option<T>, ConfigError> {
         match (self.get)(var) {
             None => Ok(None),
             Some(v) => v.trim().parse::<T>().map(Some).map_err(|_| ConfigError {
@@ -331,8 +341,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn parse(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Config::from_lookup(|k| map.get(k).cloned())
     }
 
@@ -372,7 +384,11 @@ mod tests {
 
     #[test]
     fn misspelt_port_alias_and_deprecated_lanes_alias_work() {
-        let c = parse(&[("MC_MIN_PRC_PORT", "16000"), ("MC_TCP_MAX_CONNECTIONS_PER_PEER", "3")]).unwrap();
+        let c = parse(&[
+            ("MC_MIN_PRC_PORT", "16000"),
+            ("MC_TCP_MAX_CONNECTIONS_PER_PEER", "3"),
+        ])
+        .unwrap();
         assert_eq!(c.min_rpc_port, 16000);
         assert_eq!(c.tcp_lanes_per_peer, 3);
     }

@@ -93,8 +93,14 @@ impl TransferEngine {
             .map_err(|e| listen_err("handshake", e))?;
         let data_listener =
             net::bind_in_range(ip, min, max, 1024).map_err(|e| listen_err("data", e))?;
-        let rpc_port = rpc_listener.local_addr().map_err(|e| listen_err("handshake", e))?.port();
-        let data_port = data_listener.local_addr().map_err(|e| listen_err("data", e))?.port();
+        let rpc_port = rpc_listener
+            .local_addr()
+            .map_err(|e| listen_err("handshake", e))?
+            .port();
+        let data_port = data_listener
+            .local_addr()
+            .map_err(|e| listen_err("data", e))?
+            .port();
         let session_id = HostPort {
             host: host.clone(),
             port: rpc_port,
@@ -115,7 +121,8 @@ impl TransferEngine {
         });
         let weak = Arc::downgrade(&inner);
         let handler = Arc::new(move |kind: MessageType, json: &str| {
-            weak.upgrade().and_then(|inner| inner.handle_rpc(kind, json))
+            weak.upgrade()
+                .and_then(|inner| inner.handle_rpc(kind, json))
         });
         let rpc = HandshakeServer::start(rpc_listener, inner.config.handshake_max_length, handler)
             .map_err(|e| listen_err("handshake", e))?;
@@ -174,7 +181,13 @@ impl TransferEngine {
         if segment == self.inner.session_id {
             return Ok(self.inner.local_desc().buffers);
         }
-        Ok(self.inner.open_segment(segment)?.desc.read().buffers.clone())
+        Ok(self
+            .inner
+            .open_segment(segment)?
+            .desc
+            .read()
+            .buffers
+            .clone())
     }
 
     /// Drops the cached descriptor of `segment`; the next use fetches it again.
@@ -200,18 +213,30 @@ impl TransferEngine {
     ///
     /// # Safety
     /// As [`submit`](Self::submit).
-    pub unsafe fn transfer_sync(&self, segment: &str, requests: &[Request]) -> Result<(), TransferError> {
-        let batch = self.inner.submit(segment, requests).map_err(|e| TransferError::PeerUnreachable {
-            peer: segment.to_string(),
-            reason: e.to_string(),
-        })?;
+    pub unsafe fn transfer_sync(
+        &self,
+        segment: &str,
+        requests: &[Request],
+    ) -> Result<(), TransferError> {
+        let batch =
+            self.inner
+                .submit(segment, requests)
+                .map_err(|e| TransferError::PeerUnreachable {
+                    peer: segment.to_string(),
+                    reason: e.to_string(),
+                })?;
         batch.wait()
     }
 
     /// Sends a notification to `segment`'s engine.
     pub fn send_notify(&self, segment: &str, msg: &Notify) -> Result<(), EngineError> {
         let peer = HostPort::parse(segment, self.inner.config.handshake_port)?;
-        let reply = handshake::request(&peer, MessageType::Notify, &msg.encode(), &self.inner.config)?;
+        let reply = handshake::request(
+            &peer,
+            MessageType::Notify,
+            &msg.encode(),
+            &self.inner.config,
+        )?;
         let reply = NotifyMsg::decode(&reply)?;
         if reply.notify_msg != "success" {
             return Err(EngineError::Handshake {
@@ -339,10 +364,10 @@ impl Inner {
         if let Some(l) = links.get(&key) {
             return Ok(l.clone());
         }
-        let link = Arc::new(
-            PeerLink::new(seg.data_addr, v2, &self.config)
-                .map_err(|e| EngineError::Listen(format!("cannot start connection threads: {e}")))?,
-        );
+        let link =
+            Arc::new(PeerLink::new(seg.data_addr, v2, &self.config).map_err(|e| {
+                EngineError::Listen(format!("cannot start connection threads: {e}"))
+            })?);
         links.insert(key, link.clone());
         Ok(link)
     }
@@ -371,7 +396,10 @@ impl Inner {
             // The peer may have registered memory since we cached its descriptor.
             self.refresh_segment(name, &seg)?;
             let desc = seg.desc.read();
-            unknown.retain(|&i| desc.find_buffer(requests[i].remote, requests[i].len).is_none());
+            unknown.retain(|&i| {
+                desc.find_buffer(requests[i].remote, requests[i].len)
+                    .is_none()
+            });
         }
         let counts: Vec<u32> = requests
             .iter()

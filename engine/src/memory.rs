@@ -106,7 +106,9 @@ impl MemoryRegistry {
         if addr == 0 {
             return Err(invalid("address is null"));
         }
-        let end = addr.checked_add(len).ok_or_else(|| invalid("range wraps the address space"))?;
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| invalid("range wraps the address space"))?;
         let mut map = self.regions.write();
         let before = map.range(..end).next_back().map(|(_, r)| r);
         if let Some(r) = before.filter(|r| r.end() > addr) {
@@ -190,7 +192,10 @@ mod tests {
         assert!(m.find(u64::MAX, 2).is_none(), "wraps");
         m.unregister(0x1000).unwrap();
         assert!(m.find(0x1800, 1).is_none());
-        assert_eq!(m.unregister(0x1000), Err(MemoryError::NotRegistered(0x1000)));
+        assert_eq!(
+            m.unregister(0x1000),
+            Err(MemoryError::NotRegistered(0x1000))
+        );
         assert_eq!(m.snapshot(), vec![(0x3000, 0x100, "cpu:0".to_string())]);
     }
 

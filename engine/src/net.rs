@@ -128,7 +128,9 @@ pub fn listen_ip(local_host: &str, bind: Option<IpAddr>, ipv6: bool) -> IpAddr {
 
 /// Local wall-clock time as `YYYY-MM-DD HH:MM:SS.ffffff` (upstream's descriptor timestamp).
 pub fn timestamp_now() -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let secs = now.as_secs() as libc::time_t;
     // SAFETY: `tm` is plain data; localtime_r fills it and returns null on failure.
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };

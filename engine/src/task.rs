@@ -170,7 +170,9 @@ impl BatchState {
     pub fn wait_deadline(&self, until: Instant) -> Result<(), TransferError> {
         if !self.wait_until(until) {
             self.cancel();
-            return Err(TransferError::Timeout(until.saturating_duration_since(self.submitted_at)));
+            return Err(TransferError::Timeout(
+                until.saturating_duration_since(self.submitted_at),
+            ));
         }
         match self.first_error() {
             Some((_, e)) => Err(e),

@@ -28,7 +28,9 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 
 /// FNV-1a, enough to compare buffers across processes.
 pub fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// A page-aligned, zeroed heap buffer.
@@ -82,6 +84,7 @@ pub struct Peer {
 }
 
 impl Peer {
+    #[allow(clippy::zombie_processes)] // waited for in `Drop`
     pub fn spawn(len: u64, seed: u64) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
@@ -95,7 +98,10 @@ impl Peer {
         let mut line = String::new();
         loop {
             line.clear();
-            assert!(stdout.read_line(&mut line).unwrap() > 0, "peer exited before it was ready");
+            assert!(
+                stdout.read_line(&mut line).unwrap() > 0,
+                "peer exited before it was ready"
+            );
             if let Some(rest) = line.split_once("PEER ").map(|(_, r)| r) {
                 let v: Vec<&str> = rest.split_whitespace().collect();
                 return Self {
@@ -143,10 +149,19 @@ pub fn peer_main() {
     let region = GUARD as usize..(GUARD + len) as usize;
     buf.bytes_mut()[region].copy_from_slice(&pattern(len as usize, seed));
     let engine = engine();
-    engine.register_memory(buf.addr() + GUARD, len, "cpu:0").unwrap();
+    engine
+        .register_memory(buf.addr() + GUARD, len, "cpu:0")
+        .unwrap();
     // Straight to the stdout handle: the test harness captures `println!`.
     let mut out = std::io::stdout();
-    writeln!(out, "PEER {} {} {}", engine.session_id(), buf.addr() + GUARD, len).unwrap();
+    writeln!(
+        out,
+        "PEER {} {} {}",
+        engine.session_id(),
+        buf.addr() + GUARD,
+        len
+    )
+    .unwrap();
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         let line = line.unwrap();

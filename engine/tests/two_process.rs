@@ -13,7 +13,12 @@ fn peer_process() {
 }
 
 fn req(op: OpCode, local: u64, remote: u64, len: u64) -> Request {
-    Request { op, local, remote, len }
+    Request {
+        op,
+        local,
+        remote,
+        len,
+    }
 }
 
 #[test]
@@ -26,23 +31,51 @@ fn data_moves_both_ways_with_bytes_verified() {
     // Read the peer's original pattern: one large request (striped) and small ones.
     let reqs = [
         req(OpCode::Read, local.addr(), peer.addr, 6 << 20),
-        req(OpCode::Read, local.addr() + (6 << 20), peer.addr + (6 << 20), 1),
-        req(OpCode::Read, local.addr() + (6 << 20) + 1, peer.addr + (6 << 20) + 1, (2 << 20) - 1),
+        req(
+            OpCode::Read,
+            local.addr() + (6 << 20),
+            peer.addr + (6 << 20),
+            1,
+        ),
+        req(
+            OpCode::Read,
+            local.addr() + (6 << 20) + 1,
+            peer.addr + (6 << 20) + 1,
+            (2 << 20) - 1,
+        ),
     ];
     unsafe { e.transfer_sync(&peer.session, &reqs) }.unwrap();
-    assert!(local.bytes() == pattern(len as usize, 7).as_slice(), "read bytes differ");
+    assert!(
+        local.bytes() == pattern(len as usize, 7).as_slice(),
+        "read bytes differ"
+    );
 
     // Write a new pattern and check the peer holds it.
     let data = pattern(len as usize, 99);
     local.bytes_mut().copy_from_slice(&data);
-    unsafe { e.transfer_sync(&peer.session, &[req(OpCode::Write, local.addr(), peer.addr, len)]) }.unwrap();
+    unsafe {
+        e.transfer_sync(
+            &peer.session,
+            &[req(OpCode::Write, local.addr(), peer.addr, len)],
+        )
+    }
+    .unwrap();
     assert_eq!(peer.hash(peer.addr, len), fnv(&data));
 
     // And read it back into a cleared buffer.
     local.bytes_mut().fill(0);
-    unsafe { e.transfer_sync(&peer.session, &[req(OpCode::Read, local.addr(), peer.addr, len)]) }.unwrap();
+    unsafe {
+        e.transfer_sync(
+            &peer.session,
+            &[req(OpCode::Read, local.addr(), peer.addr, len)],
+        )
+    }
+    .unwrap();
     assert!(local.bytes() == data.as_slice());
-    assert_eq!(peer.hash(peer.addr - GUARD, GUARD), fnv(&vec![GUARD_FILL; GUARD as usize]));
+    assert_eq!(
+        peer.hash(peer.addr - GUARD, GUARD),
+        fnv(&vec![GUARD_FILL; GUARD as usize])
+    );
 }
 
 #[test]
@@ -55,22 +88,29 @@ fn unregistered_and_out_of_bounds_addresses_are_rejected_and_untouched() {
     let reqs = [
         req(OpCode::Write, local.addr(), peer.addr - GUARD, 4096), // unregistered guard zone
         req(OpCode::Write, local.addr(), peer.addr + len - 10, 4096), // crosses the end
-        req(OpCode::Write, local.addr(), peer.addr - 1, 2), // crosses the start
-        req(OpCode::Read, local.addr(), peer.addr + len, 1), // just past the end
-        req(OpCode::Write, local.addr(), peer.addr, 0), // zero length: nothing to do
-        req(OpCode::Write, local.addr(), 0x10, 16), // far away
+        req(OpCode::Write, local.addr(), peer.addr - 1, 2),        // crosses the start
+        req(OpCode::Read, local.addr(), peer.addr + len, 1),       // just past the end
+        req(OpCode::Write, local.addr(), peer.addr, 0),            // zero length: nothing to do
+        req(OpCode::Write, local.addr(), 0x10, 16),                // far away
     ];
     let batch = unsafe { e.submit(&peer.session, &reqs) }.unwrap();
     assert!(batch.wait_until(Instant::now() + Duration::from_secs(10)));
     for i in [0, 1, 2, 3, 5] {
         assert!(
-            matches!(batch.task(i), Some(TaskStatus::Failed(TransferError::AddressRejected { .. }))),
+            matches!(
+                batch.task(i),
+                Some(TaskStatus::Failed(TransferError::AddressRejected { .. }))
+            ),
             "request {i}: {:?}",
             batch.task(i)
         );
     }
     assert_eq!(batch.task(4), Some(TaskStatus::Completed));
-    assert_eq!(peer.hash(peer.addr - GUARD, len + 2 * GUARD), before, "peer memory changed");
+    assert_eq!(
+        peer.hash(peer.addr - GUARD, len + 2 * GUARD),
+        before,
+        "peer memory changed"
+    );
 }
 
 #[test]
@@ -88,14 +128,24 @@ fn server_rejects_unregistered_ranges_itself() {
     .unwrap();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", desc.tcp_data_port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let bad = RequestHeader { size: 100, addr: peer.addr + len - 50, opcode: OpCode::Write, v2: true };
+    let bad = RequestHeader {
+        size: 100,
+        addr: peer.addr + len - 50,
+        opcode: OpCode::Write,
+        v2: true,
+    };
     s.write_all(&bad.encode()).unwrap();
     s.write_all(&[0xEE; 100]).unwrap();
     let mut st = [0u8; 8];
     s.read_exact(&mut st).unwrap();
     assert_eq!(Status::decode(&st).unwrap(), Status::AddrRejected);
     // The connection stays usable: a valid read on it still works.
-    let good = RequestHeader { size: 16, addr: peer.addr, opcode: OpCode::Read, v2: true };
+    let good = RequestHeader {
+        size: 16,
+        addr: peer.addr,
+        opcode: OpCode::Read,
+        v2: true,
+    };
     s.write_all(&good.encode()).unwrap();
     s.read_exact(&mut st).unwrap();
     assert_eq!(Status::decode(&st).unwrap(), Status::Ok);
@@ -153,11 +203,24 @@ fn sixteen_threads_share_one_peer() {
                     buf.bytes_mut().copy_from_slice(&data);
                     let chunk = per_thread / 8;
                     let writes: Vec<Request> = (0..8)
-                        .map(|k| req(OpCode::Write, buf.addr() + k * chunk, remote + k * chunk, chunk))
+                        .map(|k| {
+                            req(
+                                OpCode::Write,
+                                buf.addr() + k * chunk,
+                                remote + k * chunk,
+                                chunk,
+                            )
+                        })
                         .collect();
                     unsafe { e_ref.transfer_sync(&session, &writes) }.unwrap();
                     buf.bytes_mut().fill(0);
-                    let reads: Vec<Request> = writes.iter().map(|w| Request { op: OpCode::Read, ..*w }).collect();
+                    let reads: Vec<Request> = writes
+                        .iter()
+                        .map(|w| Request {
+                            op: OpCode::Read,
+                            ..*w
+                        })
+                        .collect();
                     unsafe { e_ref.transfer_sync(&session, &reads) }.unwrap();
                     assert!(buf.bytes() == data.as_slice(), "thread {t} round {round}");
                 }
@@ -178,7 +241,14 @@ fn a_batch_of_ten_thousand_requests_succeeds() {
     let data = pattern(len as usize, 42);
     local.bytes_mut().copy_from_slice(&data);
     let reqs: Vec<Request> = (0..n)
-        .map(|i| req(OpCode::Write, local.addr() + i * block, peer.addr + i * block, block))
+        .map(|i| {
+            req(
+                OpCode::Write,
+                local.addr() + i * block,
+                peer.addr + i * block,
+                block,
+            )
+        })
         .collect();
     let batch = unsafe { e.submit(&peer.session, &reqs) }.unwrap();
     batch.wait().unwrap();
@@ -188,17 +258,28 @@ fn a_batch_of_ten_thousand_requests_succeeds() {
 
 #[test]
 fn memory_registered_after_first_contact_is_found() {
-    // The initiator caches the descriptor at first contact; a request for a
-    // range it does not list must refresh it instead of failing.
-    let len = 1 << 20;
-    let peer = Peer::spawn(len, 4);
+    // The initiator caches a descriptor at first contact; a request for a
+    // range it does not list must refresh the descriptor instead of failing.
     let e = engine();
+    let target = engine();
     let local = Buf::new(4096);
-    unsafe { e.transfer_sync(&peer.session, &[req(OpCode::Read, local.addr(), peer.addr, 16)]) }.unwrap();
-    // Our own engine plays the late registrant here: register and read from it via itself.
-    let other = engine();
     let mem = Buf::new(8192);
-    unsafe { e.transfer_sync(&other.session_id().to_string(), &[req(OpCode::Read, local.addr(), peer.addr, 0)]) }.unwrap();
-    other.register_memory(mem.addr(), 8192, "cpu:0").unwrap();
-    unsafe { e.transfer_sync(other.session_id(), &[req(OpCode::Read, local.addr(), mem.addr(), 4096)]) }.unwrap();
+    // First contact while the target has no memory: caches an empty descriptor.
+    unsafe {
+        e.transfer_sync(
+            target.session_id(),
+            &[req(OpCode::Read, local.addr(), 0x1000, 0)],
+        )
+    }
+    .unwrap();
+    assert!(e.segment_buffers(target.session_id()).unwrap().is_empty());
+    target.register_memory(mem.addr(), 8192, "cpu:0").unwrap();
+    unsafe {
+        e.transfer_sync(
+            target.session_id(),
+            &[req(OpCode::Read, local.addr(), mem.addr(), 4096)],
+        )
+    }
+    .unwrap();
+    assert_eq!(e.segment_buffers(target.session_id()).unwrap().len(), 1);
 }

@@ -35,7 +35,11 @@ pub struct HandshakeServer {
 
 impl HandshakeServer {
     /// Serves `listener` (non-blocking) with `handler`.
-    pub fn start(listener: TcpListener, max_len: u64, handler: Arc<Handler>) -> std::io::Result<Self> {
+    pub fn start(
+        listener: TcpListener,
+        max_len: u64,
+        handler: Arc<Handler>,
+    ) -> std::io::Result<Self> {
         let port = listener.local_addr()?.port();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -84,7 +88,9 @@ fn accept_loop(listener: TcpListener, max_len: u64, handler: Arc<Handler>, stop:
             }
         };
         if active.load(Ordering::Acquire) >= MAX_CONCURRENT {
-            tracing::warn!("handshake from {peer} dropped: {MAX_CONCURRENT} requests already in progress");
+            tracing::warn!(
+                "handshake from {peer} dropped: {MAX_CONCURRENT} requests already in progress"
+            );
             continue;
         }
         active.fetch_add(1, Ordering::AcqRel);
@@ -107,8 +113,12 @@ fn accept_loop(listener: TcpListener, max_len: u64, handler: Arc<Handler>, stop:
 
 fn serve_one(mut stream: TcpStream, max_len: u64, handler: &Handler) -> Result<(), String> {
     stream.set_nonblocking(false).map_err(|e| e.to_string())?;
-    stream.set_read_timeout(Some(SERVER_RECV_TIMEOUT)).map_err(|e| e.to_string())?;
-    stream.set_write_timeout(Some(SERVER_RECV_TIMEOUT)).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(SERVER_RECV_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(SERVER_RECV_TIMEOUT))
+        .map_err(|e| e.to_string())?;
     let frame = read_frame(&mut stream, max_len)?;
     let json = frame.json().map_err(|e| e.to_string())?;
     let Some(reply) = handler(frame.kind, json) else {
@@ -138,7 +148,12 @@ fn read_frame(stream: &mut TcpStream, max_len: u64) -> Result<Frame, String> {
 }
 
 /// Sends one request to `peer` (`host:port`) and returns the reply's JSON text.
-pub fn request(peer: &HostPort, kind: MessageType, json: &str, cfg: &Config) -> Result<String, EngineError> {
+pub fn request(
+    peer: &HostPort,
+    kind: MessageType,
+    json: &str,
+    cfg: &Config,
+) -> Result<String, EngineError> {
     let name = peer.session_id();
     let fail = |reason: String| EngineError::Handshake {
         peer: name.clone(),
@@ -158,8 +173,12 @@ pub fn request(peer: &HostPort, kind: MessageType, json: &str, cfg: &Config) -> 
     }
     let mut stream = stream.ok_or_else(|| fail(last))?;
     let deadline = Instant::now() + Duration::from_secs(300);
-    stream.set_read_timeout(Some(Duration::from_secs(60))).map_err(|e| fail(e.to_string()))?;
-    stream.set_write_timeout(Some(Duration::from_secs(60))).map_err(|e| fail(e.to_string()))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| fail(e.to_string()))?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(60)))
+        .map_err(|e| fail(e.to_string()))?;
     stream
         .write_all(&Frame::new(kind, json).encode())
         .map_err(|e| fail(format!("cannot send request: {e}")))?;
@@ -169,9 +188,15 @@ pub fn request(peer: &HostPort, kind: MessageType, json: &str, cfg: &Config) -> 
         return Err(fail("reply took longer than 300 s".into()));
     }
     if reply.kind != kind {
-        return Err(fail(format!("replied with type {:?} to a {kind:?} request", reply.kind)));
+        return Err(fail(format!(
+            "replied with type {:?} to a {kind:?} request",
+            reply.kind
+        )));
     }
-    reply.json().map(str::to_string).map_err(|e| fail(e.to_string()))
+    reply
+        .json()
+        .map(str::to_string)
+        .map_err(|e| fail(e.to_string()))
 }
 
 /// Resolves a host:port to socket addresses (IPv4 first unless `MC_USE_IPV6`).

@@ -56,8 +56,7 @@ impl SegmentDesc {
     /// Parses and validates a descriptor as upstream does: any buffer with an
     /// empty name, address 0 or length 0 rejects the whole descriptor.
     pub fn decode(json: &str) -> Result<Self, WireError> {
-        let desc: Self =
-            serde_json::from_str(json).map_err(|e| WireError::Json(e.to_string()))?;
+        let desc: Self = serde_json::from_str(json).map_err(|e| WireError::Json(e.to_string()))?;
         desc.validate()?;
         Ok(desc)
     }
@@ -70,7 +69,9 @@ impl SegmentDesc {
 
     fn validate(&self) -> Result<(), WireError> {
         if self.name.is_empty() {
-            return Err(WireError::Invalid("segment descriptor has an empty name".into()));
+            return Err(WireError::Invalid(
+                "segment descriptor has an empty name".into(),
+            ));
         }
         for b in &self.buffers {
             if b.name.is_empty() || b.addr == 0 || b.length == 0 {
@@ -163,7 +164,11 @@ pub const PROBE_REPLY: &str = r#"{"status":"success"}"#;
 pub fn probe_reply_ok(json: &str) -> bool {
     serde_json::from_str::<serde_json::Value>(json)
         .ok()
-        .and_then(|v| v.get("status").and_then(|s| s.as_str()).map(|s| s == "success"))
+        .and_then(|v| {
+            v.get("status")
+                .and_then(|s| s.as_str())
+                .map(|s| s == "success")
+        })
         .unwrap_or(false)
 }
 

@@ -159,7 +159,10 @@ mod tests {
 
     #[test]
     fn zero_and_oversized_lengths_are_refused() {
-        assert_eq!(decode_length(&0u64.to_le_bytes(), 100), Err(WireError::EmptyFrame));
+        assert_eq!(
+            decode_length(&0u64.to_le_bytes(), 100),
+            Err(WireError::EmptyFrame)
+        );
         assert_eq!(
             decode_length(&101u64.to_le_bytes(), 100),
             Err(WireError::FrameTooLong { len: 101, max: 100 })
@@ -172,7 +175,10 @@ mod tests {
     fn truncated_and_trailing_input_is_an_error() {
         let bytes = Frame::new(MessageType::Probe, "{}").encode();
         for cut in 0..bytes.len() {
-            assert!(decode_frame(&bytes[..cut], DEFAULT_MAX_LENGTH).is_err(), "cut {cut}");
+            assert!(
+                decode_frame(&bytes[..cut], DEFAULT_MAX_LENGTH).is_err(),
+                "cut {cut}"
+            );
         }
         let mut long = bytes.clone();
         long.push(0);

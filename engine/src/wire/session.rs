@@ -96,11 +96,26 @@ mod tests {
 
     #[test]
     fn parses_every_upstream_form() {
-        assert_eq!(HostPort::parse("10.0.0.1:15001", 12001).unwrap(), hp("10.0.0.1", 15001));
-        assert_eq!(HostPort::parse("node-a", 12001).unwrap(), hp("node-a", 12001));
-        assert_eq!(HostPort::parse("[::1]:16000", 12001).unwrap(), hp("::1", 16000));
-        assert_eq!(HostPort::parse("[fe80::1]", 12001).unwrap(), hp("fe80::1", 12001));
-        assert_eq!(HostPort::parse("fe80::1", 12001).unwrap(), hp("fe80::1", 12001));
+        assert_eq!(
+            HostPort::parse("10.0.0.1:15001", 12001).unwrap(),
+            hp("10.0.0.1", 15001)
+        );
+        assert_eq!(
+            HostPort::parse("node-a", 12001).unwrap(),
+            hp("node-a", 12001)
+        );
+        assert_eq!(
+            HostPort::parse("[::1]:16000", 12001).unwrap(),
+            hp("::1", 16000)
+        );
+        assert_eq!(
+            HostPort::parse("[fe80::1]", 12001).unwrap(),
+            hp("fe80::1", 12001)
+        );
+        assert_eq!(
+            HostPort::parse("fe80::1", 12001).unwrap(),
+            hp("fe80::1", 12001)
+        );
         assert_eq!(
             HostPort::parse("fe80::1%eth0:15000", 12001).unwrap(),
             hp("fe80::1%eth0", 15000)
@@ -116,7 +131,16 @@ mod tests {
 
     #[test]
     fn rejects_malformed_names() {
-        for bad in ["", "host:", "host:99999", "host:1x", "[::1", "[::1]x", "[]:5", ":5"] {
+        for bad in [
+            "",
+            "host:",
+            "host:99999",
+            "host:1x",
+            "[::1",
+            "[::1]x",
+            "[]:5",
+            ":5",
+        ] {
             assert!(HostPort::parse(bad, 1).is_err(), "{bad}");
         }
     }

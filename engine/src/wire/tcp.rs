@@ -147,7 +147,10 @@ mod tests {
         .encode();
         bytes[17..].copy_from_slice(&[0xAA; 7]);
         let h = RequestHeader::decode(&bytes).unwrap();
-        assert_eq!((h.size, h.addr, h.opcode, h.v2), (7, 9, OpCode::Read, false));
+        assert_eq!(
+            (h.size, h.addr, h.opcode, h.v2),
+            (7, 9, OpCode::Read, false)
+        );
     }
 
     #[test]

@@ -49,6 +49,9 @@ struct LinkShared {
     depth: usize,
     tx: Sender<LaneMsg>,
     dead: Mutex<Option<(Instant, String)>>,
+    /// Clones of every open connection, so shutdown can unblock their threads.
+    open: Mutex<Vec<(u64, TcpStream)>>,
+    next_conn: std::sync::atomic::AtomicU64,
 }
 
 impl PeerLink {
@@ -63,6 +66,8 @@ impl PeerLink {
             depth: cfg.tcp_pipeline_depth,
             tx,
             dead: Mutex::new(None),
+            open: Mutex::new(Vec::new()),
+            next_conn: std::sync::atomic::AtomicU64::new(0),
         });
         let mut threads = Vec::new();
         for i in 0..cfg.tcp_lanes_per_peer {
@@ -85,7 +90,9 @@ impl PeerLink {
     pub fn send(&self, slice: Slice) {
         if let Err(e) = self.shared.tx.send(LaneMsg::Work(slice)) {
             if let LaneMsg::Work(s) = e.into_inner() {
-                s.finish(Err(TransferError::Canceled("connection to the peer is shutting down")));
+                s.finish(Err(TransferError::Canceled(
+                    "connection to the peer is shutting down",
+                )));
             }
         }
     }
@@ -104,6 +111,10 @@ impl PeerLink {
 impl Drop for PeerLink {
     fn drop(&mut self) {
         let threads = std::mem::take(&mut *self.threads.lock());
+        // Unblock receivers waiting on replies that will never come.
+        for (_, s) in self.shared.open.lock().iter() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
         for _ in 0..threads.len() {
             let _ = self.shared.tx.send(LaneMsg::Stop);
         }
@@ -160,7 +171,9 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
     let mut conn: Option<Conn> = None;
     while let Ok(LaneMsg::Work(slice)) = rx.recv() {
         if slice.batch.is_canceled() {
-            slice.finish(Err(TransferError::Canceled("its batch was abandoned after the deadline")));
+            slice.finish(Err(TransferError::Canceled(
+                "its batch was abandoned after the deadline",
+            )));
             continue;
         }
         if conn.as_ref().is_some_and(Conn::is_broken) {
@@ -192,6 +205,8 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
 }
 
 struct Conn {
+    id: u64,
+    shared: Arc<LinkShared>,
     stream: TcpStream,
     inflight: Option<Sender<Slice>>,
     broken: Arc<AtomicBool>,
@@ -207,11 +222,15 @@ impl Conn {
         let (tx, rx) = bounded(shared.depth);
         let broken = Arc::new(AtomicBool::new(false));
         let read_half = stream.try_clone()?;
+        let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+        shared.open.lock().push((id, stream.try_clone()?));
         let (s, b) = (shared.clone(), broken.clone());
         let receiver = std::thread::Builder::new()
             .name(format!("te-recv-{}", shared.peer.port()))
             .spawn(move || receive(read_half, rx, b, s))?;
         Ok(Self {
+            id,
+            shared: shared.clone(),
             stream,
             inflight: Some(tx),
             broken,
@@ -277,6 +296,7 @@ impl Drop for Conn {
             let _ = r.join();
         }
         let _ = self.stream.shutdown(Shutdown::Both);
+        self.shared.open.lock().retain(|(id, _)| *id != self.id);
     }
 }
 
@@ -285,7 +305,12 @@ enum Reply {
     Rejected,
 }
 
-fn receive(mut stream: TcpStream, rx: Receiver<Slice>, broken: Arc<AtomicBool>, shared: Arc<LinkShared>) {
+fn receive(
+    mut stream: TcpStream,
+    rx: Receiver<Slice>,
+    broken: Arc<AtomicBool>,
+    shared: Arc<LinkShared>,
+) {
     let mut failure: Option<String> = None;
     for slice in rx.iter() {
         if let Some(why) = &failure {
@@ -315,8 +340,13 @@ fn receive(mut stream: TcpStream, rx: Receiver<Slice>, broken: Arc<AtomicBool>, 
             Err(ReplyError::Io(e)) => {
                 broken.store(true, Ordering::Release);
                 let _ = stream.shutdown(Shutdown::Both);
-                let why = if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut {
-                    format!("no reply within {:?} (MC_TCP_STATUS_TIMEOUT_SEC)", shared.io_timeout)
+                let why = if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::TimedOut
+                {
+                    format!(
+                        "no reply within {:?} (MC_TCP_STATUS_TIMEOUT_SEC)",
+                        shared.io_timeout
+                    )
                 } else {
                     format!("receive failed: {e}")
                 };
@@ -344,7 +374,8 @@ fn read_reply(stream: &mut TcpStream, slice: &Slice, v2: bool) -> Result<Reply, 
     if slice.op == OpCode::Read {
         // SAFETY: the submitter guarantees the local range is valid and
         // writable until the batch finishes (see `TransferEngine::submit`).
-        let dst = unsafe { std::slice::from_raw_parts_mut(slice.local as *mut u8, slice.len as usize) };
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(slice.local as *mut u8, slice.len as usize) };
         stream.read_exact(dst).map_err(ReplyError::Io)?;
     }
     Ok(Reply::Done)

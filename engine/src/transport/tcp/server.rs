@@ -32,7 +32,11 @@ struct Shared {
 
 impl TcpServer {
     /// Serves `listener` (non-blocking); `io_timeout` bounds every stalled read or write.
-    pub fn start(listener: TcpListener, memory: Arc<MemoryRegistry>, io_timeout: Duration) -> io::Result<Self> {
+    pub fn start(
+        listener: TcpListener,
+        memory: Arc<MemoryRegistry>,
+        io_timeout: Duration,
+    ) -> io::Result<Self> {
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared {
             memory,
@@ -136,7 +140,8 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> io::Result
         if !net::read_exact_or_eof(&mut stream, &mut header)? {
             return Ok(());
         }
-        let h = RequestHeader::decode(&header).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let h = RequestHeader::decode(&header)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let region = shared.memory.find(h.addr, h.size);
         let guard = region.as_deref().and_then(|r| shared.memory.pin(r));
         let Some(_guard) = guard else {

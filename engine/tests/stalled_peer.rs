@@ -1,0 +1,74 @@
+//! A peer that accepts connections but never answers: transfers must fail
+//! with a timeout at upstream's deadline (MC_TRANSFER_TIMEOUT + 1 ns/byte),
+//! not hang. The peer is a stand-in written here (a real engine never stalls
+//! on purpose): a handshake server that hands out a descriptor, and a data
+//! port that accepts and then reads nothing.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use transfer_engine::metadata::handshake::HandshakeServer;
+use transfer_engine::wire::descriptor::{BufferDesc, SegmentDesc};
+use transfer_engine::wire::handshake::MessageType;
+use transfer_engine::{Config, OpCode, Request, TransferEngine, TransferError};
+
+#[test]
+fn a_stalled_peer_times_out_at_the_upstream_deadline() {
+    let data = TcpListener::bind("127.0.0.1:0").unwrap();
+    let data_port = data.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in data.incoming().flatten() {
+            held.push(s); // keep open, never read
+        }
+    });
+    let rpc = TcpListener::bind("127.0.0.1:0").unwrap();
+    rpc.set_nonblocking(true).unwrap();
+    let session = format!("127.0.0.1:{}", rpc.local_addr().unwrap().port());
+    let desc = SegmentDesc {
+        name: session.clone(),
+        protocol: vec!["tcp".into()],
+        tcp_data_port: data_port,
+        tcp_proto_version: 2,
+        timestamp: String::new(),
+        buffers: vec![BufferDesc {
+            name: session.clone(),
+            addr: 0x10000,
+            length: 1 << 30,
+        }],
+    };
+    let text = desc.encode();
+    let _server = HandshakeServer::start(
+        rpc,
+        1 << 20,
+        Arc::new(move |kind: MessageType, _: &str| {
+            (kind == MessageType::Metadata).then(|| text.clone())
+        }),
+    )
+    .unwrap();
+
+    let config = Config {
+        transfer_timeout: Duration::from_secs(5),
+        ..Config::default()
+    };
+    let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap();
+    let local = vec![7u8; 4096];
+    let reqs = [Request {
+        op: OpCode::Write,
+        local: local.as_ptr() as u64,
+        remote: 0x10000,
+        len: 4096,
+    }];
+    let started = Instant::now();
+    let result = unsafe { engine.transfer_sync(&session, &reqs) };
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(TransferError::Timeout(_))),
+        "{result:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(9),
+        "took {took:?}"
+    );
+}
