@@ -75,7 +75,8 @@ pub struct Config {
     /// `MC_TCP_STATUS_TIMEOUT_SEC`: deadline for a status frame or any stalled socket I/O.
     pub tcp_status_timeout: Duration,
     /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): parallel
-    /// persistent connections to each peer, 1–16.
+    /// persistent connections to each peer, 1–16; default 4, or the number of
+    /// CPUs when fewer (more lanes than cores only add context switches).
     pub tcp_lanes_per_peer: usize,
     /// `MC_TCP_STRIPE_SIZE` (ours): requests larger than this are split into
     /// stripes that travel on different lanes.
@@ -105,7 +106,7 @@ impl Default for Config {
             tcp_slice_size: 65536,
             tcp_proto: None,
             tcp_status_timeout: Duration::from_secs(30),
-            tcp_lanes_per_peer: 4,
+            tcp_lanes_per_peer: default_lanes(),
             tcp_stripe_size: 4 << 20,
             tcp_pipeline_depth: 16,
             tcp_bind_address: None,
@@ -113,6 +114,10 @@ impl Default for Config {
             log_level: LogLevel::Info,
         }
     }
+}
+
+fn default_lanes() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get().clamp(1, 4))
 }
 
 /// Variables accepted only for compatibility: they tune upstream's bounded
