@@ -40,6 +40,9 @@ target --size N --pattern-seed S
                                    offset) when buffer[OFFSET:OFFSET+LEN] != pattern(SEED)
                                    over the same offsets
         ping                    -> "pong"
+        notifies                -> a JSON list [{"name": .., "msg": ..}, ...] of the
+                                   notifications received since the last ``notifies``
+                                   (``get_notifies()`` drains them)
         quit                    -> exits 0
     anything else -> "error: ...". It exits 0 when stdin closes, or on SIGTERM/SIGINT.
     With ``--wait signal`` it ignores stdin and waits only for SIGTERM/SIGINT (for callers
@@ -62,6 +65,14 @@ initiator --peer SESSION --peer-buffer ADDR --size N --seed S [--expect-peer-see
     --check-reject additionally checks that a write and a read that run past the end of the
     peer's registered buffer, and a write to an unknown peer, return non-zero (and reports
     how long each took). N must be >= 2 * --blocks and >= 64.
+
+notify --peer SESSION --peer-buffer ADDR --size N --seed S --name NAME --msg MSG
+    Probe and notify against a target: ``send_probe(peer)`` must return 0 and
+    ``send_probe`` to an unknown peer non-zero; ``get_first_buffer_address(peer)`` is
+    reported (and must equal ADDR); then ``transfer_sync(peer, .., WRITE,
+    notify=TransferNotify(NAME, MSG))`` writes pattern(S) over [ADDR, ADDR+N), which also
+    sends the notification. Prints ``{"mode": "notify", "ok": true, "probe_rc": 0,
+    "probe_unknown_rc": RC, "first_buffer_address": A, "write_rc": 0, ...}``.
 
 bench-target --size N
     Like target but the buffer is filled with 0xCC (pages faulted in) instead of a pattern,
@@ -250,7 +261,7 @@ def _on_signal(signum, _frame):
     raise _Stop(signal.Signals(signum).name)
 
 
-def serve(buf: Buffer, wait: str, with_pattern: bool) -> str:
+def serve(buf: Buffer, wait: str, with_pattern: bool, engine=None) -> str:
     """Serve stdin commands (or wait for a signal); returns why it stopped."""
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
@@ -279,6 +290,8 @@ def serve(buf: Buffer, wait: str, with_pattern: bool) -> str:
                         emit_line("ok" if bad is None else f"mismatch at {bad}")
                 elif cmd == "ping":
                     emit_line("pong")
+                elif cmd == "notifies" and len(parts) == 1 and engine is not None:
+                    emit_line(json.dumps([{"name": n.name, "msg": n.msg} for n in engine.get_notifies()]))
                 elif cmd == "quit":
                     return "quit"
                 else:
@@ -310,7 +323,7 @@ def run_target(args) -> int:
     if args.mode == "target":
         out["pattern_seed"] = args.pattern_seed
     emit(out)
-    why = serve(buf, args.wait, with_pattern=args.mode == "target")
+    why = serve(buf, args.wait, with_pattern=args.mode == "target", engine=engine)
     log(f"stopping: {why}")
     return 0
 
@@ -423,6 +436,41 @@ def run_initiator(args) -> int:
     except Failure as e:
         result["error"] = str(e)
         result["seconds"] = timings
+        emit(result)
+        log(f"FAILED: {e}")
+        return 1
+
+
+# ---------------------------------------------------------------------------------------
+# Probe and notify
+# ---------------------------------------------------------------------------------------
+def run_notify(args) -> int:
+    from mooncake.engine import TransferNotify, TransferOpcode
+
+    engine, session_id = make_engine(args)
+    n, peer, paddr = args.size, args.peer, args.peer_buffer
+    result = {"mode": "notify", "ok": False, "session_id": session_id, "peer": peer}
+    try:
+        result["probe_rc"] = engine.send_probe(peer)
+        check_rc("send_probe", result["probe_rc"])
+        result["probe_unknown_rc"] = engine.send_probe(f"{args.host}:1")
+        if result["probe_unknown_rc"] == 0:
+            raise Failure("send_probe to an unknown peer returned 0")
+        # Opens the segment (fetches the peer's descriptor) as a side effect.
+        result["first_buffer_address"] = engine.get_first_buffer_address(peer)
+        if result["first_buffer_address"] != paddr:
+            raise Failure(f"get_first_buffer_address = {result['first_buffer_address']:#x}, expected {paddr:#x}")
+        buf = Buffer(n)
+        register(engine, buf)
+        fill_pattern(buf.mv, args.seed, 0, n)
+        note = TransferNotify(args.name, args.msg)
+        result["write_rc"] = engine.transfer_sync(peer, buf.addr, paddr, n, TransferOpcode.Write, note)
+        check_rc("transfer_sync(WRITE, notify)", result["write_rc"])
+        result["ok"] = True
+        emit(result)
+        return 0
+    except Failure as e:
+        result["error"] = str(e)
         emit(result)
         log(f"FAILED: {e}")
         return 1
@@ -573,6 +621,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--expect-peer-seed", type=parse_int, default=None)
     i.add_argument("--check-reject", action="store_true")
 
+    nt = sub.add_parser("notify", parents=[common], help="probe a target, write with a notification")
+    nt.add_argument("--peer", required=True, help="target session id HOST:RPC_PORT")
+    nt.add_argument("--peer-buffer", type=parse_int, required=True)
+    nt.add_argument("--size", type=parse_int, default=4096)
+    nt.add_argument("--seed", type=parse_int, default=1)
+    nt.add_argument("--name", required=True)
+    nt.add_argument("--msg", required=True)
+
     b = sub.add_parser("bench-initiator", parents=[common], help="throughput / latency benchmark")
     b.add_argument("--peer", required=True)
     b.add_argument("--peer-buffer", type=parse_int, required=True)
@@ -595,6 +651,8 @@ def main(argv=None) -> int:
             return run_target(args)
         if args.mode == "initiator":
             return run_initiator(args)
+        if args.mode == "notify":
+            return run_notify(args)
         return run_bench_initiator(args)
     except Failure as e:
         emit({"mode": args.mode, "ok": False, "error": str(e)})

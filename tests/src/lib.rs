@@ -1,1 +1,497 @@
-//! Helpers shared by the end-to-end tests.
+//! Helpers shared by the end-to-end tests: the upstream wheel's python and the CLI peer
+//! driven by it (`tests/interop/upstream_peer.py`), child processes with deadlines that
+//! are killed on drop, page-aligned buffers, and the interop data pattern.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, Once};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The longest any test waits on a child process (start-up, one command, one run).
+pub const CHILD_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The repository root (the workspace that holds this crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// `tests/interop/upstream_peer.py`.
+pub fn peer_script() -> PathBuf {
+    repo_root().join("tests/interop/upstream_peer.py")
+}
+
+/// The python of the venv that holds the upstream wheel: `$UPSTREAM_PYTHON`, else
+/// `<repo>/.venv-upstream/bin/python`. Panics (the test fails, it is not skipped) when
+/// neither exists, saying how to create it.
+pub fn upstream_python() -> PathBuf {
+    let (path, from) = match std::env::var_os("UPSTREAM_PYTHON") {
+        Some(p) if !p.is_empty() => (PathBuf::from(p), "$UPSTREAM_PYTHON"),
+        _ => (
+            repo_root().join(".venv-upstream/bin/python"),
+            "the default venv",
+        ),
+    };
+    if !path.exists() {
+        panic!(
+            "the upstream wheel's python is missing: {} (from {from}) does not exist.\n\
+             Run `scripts/setup-upstream.sh` (it creates {}/.venv-upstream with \
+             mooncake-transfer-engine-non-cuda and prints its python), or point \
+             UPSTREAM_PYTHON at a python that can `from mooncake.engine import TransferEngine`.",
+            path.display(),
+            repo_root().display()
+        );
+    }
+    path
+}
+
+/// Installs our engine's log subscriber once: level from `MC_LOG_LEVEL` when set, else
+/// warnings only (so `--nocapture` output stays readable).
+pub fn init_logging() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let level = match std::env::var_os("MC_LOG_LEVEL") {
+            Some(_) => transfer_engine::Config::from_env()
+                .map(|c| c.log_level)
+                .unwrap_or(transfer_engine::config::LogLevel::Warning),
+            None => transfer_engine::config::LogLevel::Warning,
+        };
+        transfer_engine::logging::init(level);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Data pattern (the same as upstream_peer.py's)
+// ---------------------------------------------------------------------------------------
+
+/// Byte `i` of `pattern(seed)`; `i` is the offset from the start of the buffer.
+pub fn pattern_byte(i: u64, seed: u64) -> u8 {
+    (i.wrapping_mul(131)
+        .wrapping_add(seed.wrapping_mul(7))
+        .wrapping_add(i >> 8)
+        .wrapping_add(i >> 16)) as u8
+}
+
+/// Fills `dst` with `pattern(seed)[offset .. offset + dst.len()]`.
+pub fn fill_pattern(dst: &mut [u8], seed: u64, offset: u64) {
+    for (k, b) in dst.iter_mut().enumerate() {
+        *b = pattern_byte(offset + k as u64, seed);
+    }
+}
+
+/// The pattern offset of the first byte of `data` that differs from
+/// `pattern(seed)[offset ..]`, or `None` when all match.
+pub fn first_mismatch(data: &[u8], seed: u64, offset: u64) -> Option<u64> {
+    data.iter()
+        .enumerate()
+        .find(|&(k, &b)| b != pattern_byte(offset + k as u64, seed))
+        .map(|(k, _)| offset + k as u64)
+}
+
+/// A deterministic permutation of `0..n` (Fisher–Yates driven by an xorshift).
+pub fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------------------
+// Memory
+// ---------------------------------------------------------------------------------------
+
+/// A page-aligned, zeroed heap buffer.
+pub struct Buf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a plain owned allocation; access goes through &self / &mut self.
+unsafe impl Send for Buf {}
+// SAFETY: as above.
+unsafe impl Sync for Buf {}
+
+impl Buf {
+    /// `len` zeroed bytes at a 4096-aligned address.
+    pub fn new(len: usize) -> Self {
+        assert!(len > 0);
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "allocation of {len} bytes failed");
+        Self { ptr, len }
+    }
+    /// Its address.
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Its bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: owned allocation of `len` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    /// Its bytes, mutably.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len, 4096).unwrap();
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Child processes
+// ---------------------------------------------------------------------------------------
+
+/// A child process that is killed (and reaped) when dropped.
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    /// Waits for the exit until `deadline`; `None` (child killed) when it passes.
+    pub fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        loop {
+            match self.0.try_wait() {
+                Ok(Some(st)) => return Some(st),
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = self.0.kill();
+                    let _ = self.0.wait();
+                    return None;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => panic!("waiting for child {}: {e}", self.0.id()),
+            }
+        }
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Everything a pipe delivered, collected by a background thread.
+#[derive(Clone, Default)]
+pub struct Collected(Arc<Mutex<Vec<u8>>>);
+
+impl Collected {
+    fn spawn(mut r: impl Read + Send + 'static) -> (Self, JoinHandle<()>) {
+        let c = Self::default();
+        let c2 = c.clone();
+        let h = std::thread::spawn(move || {
+            let mut chunk = [0u8; 8192];
+            while let Ok(n) = r.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                c2.0.lock().unwrap().extend_from_slice(&chunk[..n]);
+            }
+        });
+        (c, h)
+    }
+    /// All of it, lossily decoded.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+    /// Its last `n` lines.
+    pub fn tail(&self, n: usize) -> String {
+        let t = self.text();
+        let lines: Vec<&str> = t.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+/// A command that runs `upstream_peer.py ARGS` with the upstream python, `MC_FORCE_TCP=1`,
+/// from `/` (so nothing in the repository shadows the wheel's `mooncake` package).
+pub fn upstream_command(args: &[String]) -> Command {
+    let mut cmd = Command::new(upstream_python());
+    cmd.arg(peer_script())
+        .args(args)
+        .env("MC_FORCE_TCP", "1")
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir("/");
+    cmd
+}
+
+/// How a finished `upstream_peer.py` run ended.
+#[derive(Debug)]
+pub struct Finished {
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Its JSON lines.
+    pub stdout: String,
+    /// Its diagnostics and the engine's log.
+    pub stderr: String,
+    /// How long it ran.
+    pub elapsed: Duration,
+}
+
+impl Finished {
+    /// The last stdout line as JSON (panics with the output when there is none).
+    pub fn last_json(&self) -> Value {
+        let line = self
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_else(|| {
+                panic!(
+                    "upstream_peer.py printed no JSON ({}); stderr:\n{}",
+                    self.status,
+                    tail(&self.stderr, 40)
+                )
+            });
+        serde_json::from_str(line).unwrap_or_else(|e| {
+            panic!(
+                "upstream_peer.py printed {line:?}, not JSON ({e}); stderr:\n{}",
+                tail(&self.stderr, 40)
+            )
+        })
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Runs `upstream_peer.py ARGS` to completion; panics (after killing it) if it runs past
+/// `limit`.
+pub fn run_upstream(args: &[String], limit: Duration) -> Finished {
+    let started = Instant::now();
+    let mut child = KillOnDrop(
+        upstream_command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", upstream_python().display())),
+    );
+    let (out, out_h) = Collected::spawn(child.0.stdout.take().unwrap());
+    let (err, err_h) = Collected::spawn(child.0.stderr.take().unwrap());
+    let status = child.wait_until(started + limit);
+    let _ = out_h.join();
+    let _ = err_h.join();
+    let Some(status) = status else {
+        panic!(
+            "upstream_peer.py {args:?} still running after {limit:?}: killed.\nstdout:\n{}\nstderr:\n{}",
+            out.text(),
+            err.tail(40)
+        );
+    };
+    Finished {
+        status,
+        stdout: out.text(),
+        stderr: err.text(),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// An upstream engine in `target` mode: a registered buffer holding `pattern(seed)`,
+/// answering `dump` / `check` / `ping` / `notifies` commands on its stdin.
+pub struct UpstreamTarget {
+    child: KillOnDrop,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    stderr: Collected,
+    /// Its session id, `127.0.0.1:RPC_PORT`.
+    pub session_id: String,
+    /// Address of its registered buffer (in its process).
+    pub buffer: u64,
+    /// Length of the buffer.
+    pub size: u64,
+}
+
+impl UpstreamTarget {
+    /// Starts a target with `size` bytes holding `pattern(seed)` and waits for its hello line.
+    pub fn spawn(size: u64, seed: u64) -> Self {
+        let args = [
+            "target",
+            "--size",
+            &size.to_string(),
+            "--pattern-seed",
+            &seed.to_string(),
+        ];
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut child = KillOnDrop(
+            upstream_command(&args)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {}: {e}", upstream_python().display())),
+        );
+        let stdin = child.0.stdin.take();
+        let stdout = child.0.stdout.take().unwrap();
+        let (stderr, _) = Collected::spawn(child.0.stderr.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut t = Self {
+            child,
+            stdin,
+            lines,
+            stderr,
+            session_id: String::new(),
+            buffer: 0,
+            size: 0,
+        };
+        let hello = t.next_line("the target's hello line");
+        let v: Value = serde_json::from_str(&hello).unwrap_or_else(|e| {
+            panic!(
+                "target hello {hello:?} is not JSON: {e}\n{}",
+                t.stderr.tail(40)
+            )
+        });
+        assert_eq!(
+            v["ok"],
+            Value::Bool(true),
+            "target failed to start: {v}\n{}",
+            t.stderr.tail(40)
+        );
+        t.session_id = v["session_id"].as_str().expect("session_id").to_string();
+        t.buffer = v["buffer"].as_u64().expect("buffer");
+        t.size = v["size"].as_u64().expect("size");
+        assert_eq!(t.size, size);
+        t
+    }
+
+    fn next_line(&mut self, what: &str) -> String {
+        match self.lines.recv_timeout(CHILD_DEADLINE) {
+            Ok(l) => l,
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = self.child.0.kill();
+                panic!(
+                    "no {what} from the upstream target within {CHILD_DEADLINE:?}; stderr:\n{}",
+                    self.stderr.tail(40)
+                )
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let st = self
+                    .child
+                    .wait_until(Instant::now() + Duration::from_secs(5));
+                panic!(
+                    "upstream target exited ({st:?}) before {what}; stderr:\n{}",
+                    self.stderr.tail(40)
+                )
+            }
+        }
+    }
+
+    /// Sends one command line and returns its one-line answer.
+    pub fn command(&mut self, cmd: &str) -> String {
+        let stdin = self.stdin.as_mut().expect("target stdin open");
+        writeln!(stdin, "{cmd}")
+            .and_then(|_| stdin.flush())
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot send {cmd:?} to the upstream target: {e}; stderr:\n{}",
+                    self.stderr.tail(40)
+                )
+            });
+        self.next_line(&format!("answer to {cmd:?}"))
+    }
+
+    /// `check OFFSET LEN SEED`: "ok" or "mismatch at OFFSET".
+    pub fn check(&mut self, offset: u64, len: u64, seed: u64) -> String {
+        self.command(&format!("check {offset} {len} {seed}"))
+    }
+
+    /// `dump OFFSET LEN`: the sha256 hex digest of the range.
+    pub fn dump(&mut self, offset: u64, len: u64) -> String {
+        let d = self.command(&format!("dump {offset} {len}"));
+        assert_eq!(d.len(), 64, "dump answered {d:?}");
+        d
+    }
+
+    /// The notifications it received since the last call, as (name, msg).
+    pub fn notifies(&mut self) -> Vec<(String, String)> {
+        let line = self.command("notifies");
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("notifies answered {line:?}: {e}"));
+        v.as_array()
+            .unwrap_or_else(|| panic!("notifies answered {line:?}"))
+            .iter()
+            .map(|n| {
+                (
+                    n["name"].as_str().unwrap().to_string(),
+                    n["msg"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The last lines of its stderr (the engine's log).
+    pub fn stderr_tail(&self, n: usize) -> String {
+        self.stderr.tail(n)
+    }
+
+    /// Closes its stdin and waits (bounded) for a clean exit 0. With `E2E_UPSTREAM_LOG`
+    /// set, prints the target's whole stderr (the upstream engine's glog) afterwards.
+    pub fn finish(mut self) {
+        drop(self.stdin.take());
+        let st = self
+            .child
+            .wait_until(Instant::now() + Duration::from_secs(10));
+        if std::env::var_os("E2E_UPSTREAM_LOG").is_some() {
+            eprintln!(
+                "--- upstream target {} log ---\n{}\n--- end ---",
+                self.session_id,
+                self.stderr.text()
+            );
+        }
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "upstream target did not exit 0 after stdin closed: {st:?}; stderr:\n{}",
+            self.stderr.tail(40)
+        );
+    }
+}
+
+impl Drop for UpstreamTarget {
+    fn drop(&mut self) {
+        // Closing stdin ends it; KillOnDrop kills it if it is still there.
+        drop(self.stdin.take());
+        if !std::thread::panicking() {
+            let _ = self
+                .child
+                .wait_until(Instant::now() + Duration::from_secs(5));
+        }
+    }
+}
