@@ -160,8 +160,14 @@ impl TransferEngine {
     }
 
     /// Registers `[addr, addr+len)` for remote access.
+    ///
+    /// `location` is `cpu:N`, `musa:N`, `cuda:N` or `*` (detect: a device
+    /// pointer becomes `musa:N`/`cuda:N`, host memory `cpu:<NUMA node>`). A
+    /// device location needs the vendor runtime; when it cannot be loaded the
+    /// error lists every library tried.
     pub fn register_memory(&self, addr: u64, len: u64, location: &str) -> Result<(), EngineError> {
-        self.inner.memory.register(addr, len, location)?;
+        let location = resolve_location(addr, location)?;
+        self.inner.memory.register(addr, len, &location)?;
         self.inner.store.publish(&self.inner.local_desc())
     }
 
@@ -169,6 +175,16 @@ impl TransferEngine {
     pub fn unregister_memory(&self, addr: u64) -> Result<(), EngineError> {
         self.inner.memory.unregister(addr)?;
         self.inner.store.publish(&self.inner.local_desc())
+    }
+
+    /// `(addr, len, location)` of every registered region, locations resolved.
+    pub fn registered_regions(&self) -> Vec<(u64, u64, String)> {
+        self.inner.memory.snapshot()
+    }
+
+    /// The local topology JSON (upstream's `get_local_topology` shape).
+    pub fn local_topology(&self) -> String {
+        crate::topology::to_json(&crate::topology::local())
     }
 
     /// This engine's descriptor, as peers receive it.
@@ -426,14 +442,22 @@ impl Inner {
                 },
             );
         }
+        let gpu = crate::device::runtime()
+            .ok()
+            .filter(|rt| rt.device_count() > 0);
         for (i, r) in requests.iter().enumerate() {
             if r.len == 0 || unknown.binary_search(&i).is_ok() {
                 continue;
             }
             let mut off = 0;
+            let local_device = match self.memory.find(r.local, r.len) {
+                Some(region) => region.device.map(|(_, d)| d),
+                None => gpu.as_ref().and_then(|rt| rt.device_of(r.local)),
+            };
             while off < r.len {
                 let n = stripe.min(r.len - off);
                 link.send(Slice {
+                    local_device,
                     op: r.op,
                     local: r.local + off,
                     remote: r.remote + off,
@@ -454,6 +478,60 @@ impl Drop for TransferEngine {
         // Stop lanes (failing queued slices) before the listeners close.
         self.inner.links.lock().clear();
     }
+}
+
+fn resolve_location(addr: u64, location: &str) -> Result<String, EngineError> {
+    use crate::device::{self, Vendor};
+    if let Some((vendor, dev)) = Vendor::parse_location(location) {
+        let fail = |why: String| {
+            EngineError::Device(format!(
+                "cannot register {location} memory at {addr:#x}: {why}"
+            ))
+        };
+        let rt = device::runtime().map_err(fail)?;
+        if rt.vendor() != vendor {
+            return Err(fail(format!(
+                "the loaded GPU runtime is {} ({})",
+                rt.vendor(),
+                rt.path()
+            )));
+        }
+        return match rt.device_of(addr) {
+            Some(d) if d == dev => Ok(location.to_string()),
+            Some(d) => Err(fail(format!("the pointer is on device {d}"))),
+            None => Err(fail(format!(
+                "{} reports host or unknown memory at this address",
+                rt.path()
+            ))),
+        };
+    }
+    if location == "*" || location.is_empty() {
+        if let Some((vendor, d)) = device::device_of(addr) {
+            return Ok(format!("{}:{d}", vendor.prefix()));
+        }
+        return Ok(format!("cpu:{}", numa_node_of(addr).unwrap_or(0)));
+    }
+    Ok(location.to_string())
+}
+
+/// The NUMA node of the page holding `addr` (move_pages in query mode).
+fn numa_node_of(addr: u64) -> Option<u32> {
+    let page = (addr & !4095) as *mut libc::c_void;
+    let mut pages = [page];
+    let mut status = [-1 as libc::c_int];
+    // SAFETY: query mode (nodes = NULL) only reads where the page lives.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            1usize,
+            pages.as_mut_ptr(),
+            std::ptr::null::<libc::c_int>(),
+            status.as_mut_ptr(),
+            0,
+        )
+    };
+    (rc == 0 && status[0] >= 0).then_some(status[0] as u32)
 }
 
 /// Waits for `batch` until `deadline` (used by callers with their own deadline).

@@ -83,6 +83,9 @@ pub enum EngineError {
         /// Why.
         reason: String,
     },
+    /// A GPU runtime is missing or refused a call.
+    #[error("{0}")]
+    Device(String),
     /// Something the caller asked for that this build does not do.
     #[error("not supported: {0}")]
     Unsupported(String),
@@ -98,6 +101,7 @@ impl EngineError {
             Self::Memory(m) => m.code(),
             Self::InvalidArgument(_) | Self::Config(_) | Self::Unsupported(_) => -1,
             Self::Listen(_) => -102,
+            Self::Device(_) => -6,
             Self::Handshake { .. } => -104,
             Self::Wire(_) => -103,
             Self::Segment { .. } => -200,

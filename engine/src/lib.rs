@@ -18,6 +18,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod device;
 pub mod engine;
 pub mod error;
 pub mod logging;

@@ -63,6 +63,8 @@ pub struct Region {
     pub len: u64,
     /// Location string (`cpu:0`, `cuda:1`, `*`).
     pub location: String,
+    /// The GPU holding the region, for `musa:N` / `cuda:N` locations.
+    pub device: Option<(crate::device::Vendor, u32)>,
     pins: RwLock<()>,
 }
 
@@ -125,6 +127,7 @@ impl MemoryRegistry {
                 addr,
                 len,
                 location: location.to_string(),
+                device: crate::device::Vendor::parse_location(location),
                 pins: RwLock::new(()),
             }),
         );

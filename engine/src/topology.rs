@@ -28,6 +28,20 @@ pub fn discover(sys_root: &Path) -> Topology {
     topo
 }
 
+/// NUMA nodes of this host plus the GPUs of the loaded runtime (`cuda:i` / `musa:i`).
+pub fn local() -> Topology {
+    let mut topo = discover(Path::new("/"));
+    if let Ok(rt) = crate::device::runtime() {
+        for i in 0..rt.device_count() {
+            topo.insert(
+                format!("{}:{i}", rt.vendor().prefix()),
+                [Vec::new(), Vec::new()],
+            );
+        }
+    }
+    topo
+}
+
 /// The JSON text upstream's `get_local_topology` returns (pretty-printed).
 pub fn to_json(topo: &Topology) -> String {
     serde_json::to_string_pretty(topo).unwrap_or_else(|_| "{}".into())

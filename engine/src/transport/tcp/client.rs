@@ -256,15 +256,23 @@ impl Conn {
         }
         .encode();
         let (op, local, len) = (slice.op, slice.local, slice.len as usize);
+        let device = slice.local_device.filter(|_| op == OpCode::Write);
         // SAFETY: the submitter guarantees the local range stays valid until
-        // the batch finishes (see `TransferEngine::submit`).
+        // the batch finishes (see `TransferEngine::submit`); device memory is
+        // never touched directly but staged.
         let payload: &[u8] = match op {
-            OpCode::Write => unsafe { std::slice::from_raw_parts(local as *const u8, len) },
-            OpCode::Read => &[],
+            OpCode::Write if device.is_none() => unsafe {
+                std::slice::from_raw_parts(local as *const u8, len)
+            },
+            _ => &[],
+        };
+        let send = |stream: &mut TcpStream| match device {
+            Some(d) => crate::device::staging::send_from(d, stream, &header, local, len),
+            None => net::write_two(stream, &header, payload),
         };
         if !shared.v2 && op == OpCode::Write {
             // v1 writes carry no acknowledgement: done once the bytes left.
-            match net::write_two(&mut self.stream, &header, payload) {
+            match send(&mut self.stream) {
                 Ok(()) => slice.finish(Ok(())),
                 Err(e) => {
                     self.break_off();
@@ -281,7 +289,7 @@ impl Conn {
             self.break_off();
             return shared.retry_or_fail(e.into_inner(), "receiver stopped");
         }
-        if let Err(e) = net::write_two(&mut self.stream, &header, payload) {
+        if let Err(e) = send(&mut self.stream) {
             tracing::debug!("send to {} failed: {e}", shared.peer);
             self.break_off();
         }
@@ -372,6 +380,16 @@ fn read_reply(stream: &mut TcpStream, slice: &Slice, v2: bool) -> Result<Reply, 
         }
     }
     if slice.op == OpCode::Read {
+        if let Some(device) = slice.local_device {
+            return crate::device::staging::receive_into(
+                device,
+                stream,
+                slice.local,
+                slice.len as usize,
+            )
+            .map(|()| Reply::Done)
+            .map_err(ReplyError::Io);
+        }
         // SAFETY: the submitter guarantees the local range is valid and
         // writable until the batch finishes (see `TransferEngine::submit`).
         let dst =

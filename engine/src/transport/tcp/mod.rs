@@ -18,6 +18,8 @@ pub struct Slice {
     pub remote: u64,
     /// Bytes.
     pub len: u64,
+    /// The GPU holding the local range, if it is device memory.
+    pub local_device: Option<u32>,
     /// The batch it belongs to.
     pub batch: std::sync::Arc<crate::task::BatchState>,
     /// Index of its request in the batch.

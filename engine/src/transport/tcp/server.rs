@@ -161,8 +161,39 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> io::Result
             }
             continue;
         };
-        // SAFETY: [addr, addr+size) lies inside a registered region, which is
-        // pinned (cannot be unregistered) until `_guard` drops.
+        if let Some((_, device)) = _guard.region().device {
+            // Device memory: staged through pinned host buffers.
+            match h.opcode {
+                OpCode::Write => {
+                    crate::device::staging::receive_into(
+                        device,
+                        &mut stream,
+                        h.addr,
+                        h.size as usize,
+                    )?;
+                    if h.v2 {
+                        stream.write_all(&Status::Ok.encode())?;
+                    }
+                }
+                OpCode::Read => {
+                    let prefix = if h.v2 {
+                        &Status::Ok.encode()[..]
+                    } else {
+                        &[][..]
+                    };
+                    crate::device::staging::send_from(
+                        device,
+                        &mut stream,
+                        prefix,
+                        h.addr,
+                        h.size as usize,
+                    )?;
+                }
+            }
+            continue;
+        }
+        // SAFETY: [addr, addr+size) lies inside a registered host region,
+        // which is pinned (cannot be unregistered) until `_guard` drops.
         let mem = unsafe { std::slice::from_raw_parts_mut(h.addr as *mut u8, h.size as usize) };
         match h.opcode {
             OpCode::Write => {

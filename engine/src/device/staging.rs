@@ -1,0 +1,193 @@
+//! Moving bytes between a socket and device memory through pinned host
+//! buffers, with asynchronous copies overlapped with socket I/O.
+//!
+//! Two pinned chunks and two streams per device and thread: while the socket
+//! fills (or drains) one chunk, the other is being copied on its own stream.
+//! A chunk is reused only after its stream has been synchronised.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+use super::{DeviceError, Runtime, Stream};
+
+/// Bytes per staging chunk.
+pub const CHUNK: usize = 1 << 20;
+
+struct Stager {
+    rt: Arc<Runtime>,
+    bufs: [*mut u8; 2],
+    streams: [Stream; 2],
+}
+
+impl Stager {
+    fn new(rt: Arc<Runtime>, device: u32) -> Result<Self, DeviceError> {
+        rt.set_device(device)?;
+        let b0 = rt.host_alloc(CHUNK)?;
+        let b1 = rt.host_alloc(CHUNK).inspect_err(|_| rt.free_host(b0))?;
+        let s0 = rt.stream_create();
+        let s1 = rt.stream_create();
+        match (s0, s1) {
+            (Ok(s0), Ok(s1)) => Ok(Self {
+                rt,
+                bufs: [b0, b1],
+                streams: [s0, s1],
+            }),
+            (s0, s1) => {
+                for s in [&s0, &s1].into_iter().flatten() {
+                    rt.stream_destroy(*s);
+                }
+                rt.free_host(b0);
+                rt.free_host(b1);
+                Err(s0.and(s1).unwrap_err())
+            }
+        }
+    }
+
+    fn sync(&self, b: usize) -> io::Result<()> {
+        self.rt
+            .stream_sync(self.streams[b])
+            .map_err(io::Error::other)
+    }
+
+    fn receive_into(&mut self, src: &mut impl Read, dst: u64, len: usize) -> io::Result<()> {
+        let mut pending = [false; 2];
+        let result = (|| {
+            let mut off = 0;
+            let mut i = 0;
+            while off < len {
+                let n = CHUNK.min(len - off);
+                let b = i % 2;
+                if pending[b] {
+                    pending[b] = false;
+                    self.sync(b)?;
+                }
+                // SAFETY: bufs[b] is a CHUNK-byte pinned buffer not in use by any copy.
+                let chunk = unsafe { std::slice::from_raw_parts_mut(self.bufs[b], n) };
+                src.read_exact(chunk)?;
+                // SAFETY: dst+off..+n lies in the caller's device range; the
+                // chunk stays untouched until this stream is synchronised.
+                unsafe {
+                    self.rt.copy_async(
+                        (dst + off as u64) as *mut u8,
+                        self.bufs[b],
+                        n,
+                        self.streams[b],
+                    )
+                }
+                .map_err(io::Error::other)?;
+                pending[b] = true;
+                off += n;
+                i += 1;
+            }
+            Ok(())
+        })();
+        let drained = self.drain(pending);
+        result.and(drained)
+    }
+
+    fn send_from(
+        &mut self,
+        dst: &mut impl Write,
+        prefix: &[u8],
+        src: u64,
+        len: usize,
+    ) -> io::Result<()> {
+        let chunks = len.div_ceil(CHUNK);
+        let size = |k: usize| CHUNK.min(len - k * CHUNK);
+        let mut pending = [false; 2];
+        let result = (|| {
+            for k in 0..chunks.min(2) {
+                self.issue_out(k, src, size(k))?;
+                pending[k % 2] = true;
+            }
+            dst.write_all(prefix)?;
+            for k in 0..chunks {
+                let b = k % 2;
+                pending[b] = false;
+                self.sync(b)?;
+                // SAFETY: the copy into bufs[b] has completed (stream synchronised).
+                let chunk = unsafe { std::slice::from_raw_parts(self.bufs[b], size(k)) };
+                dst.write_all(chunk)?;
+                if k + 2 < chunks {
+                    self.issue_out(k + 2, src, size(k + 2))?;
+                    pending[b] = true;
+                }
+            }
+            Ok(())
+        })();
+        let drained = self.drain(pending);
+        result.and(drained)
+    }
+
+    fn issue_out(&self, k: usize, src: u64, n: usize) -> io::Result<()> {
+        let b = k % 2;
+        // SAFETY: src+k*CHUNK..+n lies in the caller's device range; bufs[b] is free.
+        unsafe {
+            self.rt.copy_async(
+                self.bufs[b],
+                (src + (k * CHUNK) as u64) as *const u8,
+                n,
+                self.streams[b],
+            )
+        }
+        .map_err(io::Error::other)
+    }
+
+    /// Waits for copies still running so the buffers can be reused or freed.
+    fn drain(&self, pending: [bool; 2]) -> io::Result<()> {
+        let mut result = Ok(());
+        for (b, p) in pending.into_iter().enumerate() {
+            if p {
+                result = result.and(self.sync(b));
+            }
+        }
+        result
+    }
+}
+
+impl Drop for Stager {
+    fn drop(&mut self) {
+        for b in 0..2 {
+            let _ = self.sync(b);
+            self.rt.stream_destroy(self.streams[b]);
+            self.rt.free_host(self.bufs[b]);
+        }
+    }
+}
+
+thread_local! {
+    static STAGERS: RefCell<HashMap<u32, Stager>> = RefCell::new(HashMap::new());
+}
+
+fn with_stager<T>(device: u32, f: impl FnOnce(&mut Stager) -> io::Result<T>) -> io::Result<T> {
+    let rt = super::runtime().map_err(io::Error::other)?;
+    STAGERS.with(|cell| {
+        let mut map = cell.borrow_mut();
+        let stager = match map.entry(device) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Stager::new(rt.clone(), device).map_err(io::Error::other)?)
+            }
+        };
+        rt.set_device(device).map_err(io::Error::other)?;
+        f(stager)
+    })
+}
+
+/// Reads `len` bytes from `src` into device memory at `dst` on `device`.
+pub fn receive_into(device: u32, src: &mut impl Read, dst: u64, len: usize) -> io::Result<()> {
+    with_stager(device, |s| s.receive_into(src, dst, len))
+}
+
+/// Writes `prefix`, then `len` bytes of device memory at `src` on `device`, to `dst`.
+pub fn send_from(
+    device: u32,
+    dst: &mut impl Write,
+    prefix: &[u8],
+    src: u64,
+    len: usize,
+) -> io::Result<()> {
+    with_stager(device, |s| s.send_from(dst, prefix, src, len))
+}
