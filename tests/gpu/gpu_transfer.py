@@ -50,7 +50,7 @@ def new_engine():
 def target(args):
     dev = GPU if args.memory == "cuda" else "cpu"
     t = pattern(args.size, args.seed, dev)
-    if dev == "cuda":
+    if dev != "cpu":
         sync()
     e = new_engine()
     rc = e.register_memory(t.data_ptr(), t.numel(), "*")
