@@ -289,6 +289,7 @@ impl Inner {
             name: self.session_id.clone(),
             protocol: vec!["tcp".into()],
             tcp_data_port: self.data_port,
+            tcp_data_host: Some(self.host.clone()),
             tcp_proto_version: 2,
             timestamp: net::timestamp_now(),
             buffers: self
@@ -353,8 +354,15 @@ impl Inner {
             )));
         }
         let hp = HostPort::parse(name, self.config.handshake_port)?;
+        // Newer upstreams say where their data port listens; a wildcard says nothing.
+        let host = match desc.tcp_data_host.as_deref() {
+            Some(h) if !h.is_empty() && h != "0.0.0.0" && h != "::" => {
+                h.trim_matches(['[', ']']).to_string()
+            }
+            _ => hp.host,
+        };
         let data = HostPort {
-            host: hp.host,
+            host,
             port: desc.tcp_data_port,
         };
         let data_addr = *handshake::resolve(&data, self.config.use_ipv6)

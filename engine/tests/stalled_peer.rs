@@ -30,6 +30,7 @@ fn a_stalled_peer_times_out_at_the_upstream_deadline() {
         name: session.clone(),
         protocol: vec!["tcp".into()],
         tcp_data_port: data_port,
+        tcp_data_host: None,
         tcp_proto_version: 2,
         timestamp: String::new(),
         buffers: vec![BufferDesc {

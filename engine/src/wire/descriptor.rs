@@ -16,6 +16,9 @@ pub struct SegmentDesc {
     /// TCP data port (0 when the segment has no TCP transport).
     #[serde(default)]
     pub tcp_data_port: u16,
+    /// Host of the TCP data port (upstream 0.3.13+); absent: the host of the segment name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_data_host: Option<String>,
     /// TCP protocol version; absent means 1.
     #[serde(default = "v1")]
     pub tcp_proto_version: u32,
@@ -206,6 +209,15 @@ mod tests {
         .unwrap();
         assert_eq!(d.tcp_proto_version, 1);
         assert_eq!(d.protocol, vec!["tcp", "cxl"]);
+    }
+
+    #[test]
+    fn reads_the_data_host_of_newer_upstreams() {
+        let d = SegmentDesc::decode(
+            r#"{"name":"n:1","protocol":"tcp","tcp_data_port":5,"tcp_data_host":"10.0.0.7","rdma_server_name":""}"#,
+        )
+        .unwrap();
+        assert_eq!(d.tcp_data_host.as_deref(), Some("10.0.0.7"));
     }
 
     #[test]
