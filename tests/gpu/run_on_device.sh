@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site target/wheels/*.whl
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site target/wheels/*.whl
 export PYTHONPATH=/tmp/site
 python3 -c 'import torch, mooncake.engine as m; print("torch", torch.__version__, "cuda", torch.version.cuda, "SUPPORT_CUDA", m.SUPPORT_CUDA)'
 python3 tests/gpu/gpu_transfer.py main "$@" 2>&1 | tee "${OUT:-/tmp}/gpu_transfer.log"
