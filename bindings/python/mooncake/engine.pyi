@@ -1,0 +1,199 @@
+"""Type stubs of ``mooncake.engine`` (upstream's API; see bindings/README.md).
+
+Return conventions are upstream's: ``0`` success, ``-1`` failure (the (un)registration
+calls return upstream's ``ERR_*`` codes: ``-1`` invalid, ``-3`` not registered, ``-7``
+overlap); batch ids and addresses are ``0`` on failure. The reason of the calling
+thread's last failed call is ``TransferEngine.last_error()``; every failure is also logged.
+Arguments of the wrong type raise ``TypeError``. Every call that can block releases the GIL.
+"""
+
+from typing import ClassVar, Final, List, Optional, Sequence, Union, final
+
+__version__: Final[str]
+
+SUPPORT_CUDA: Final[bool]
+SUPPORT_MUSA: Final[bool]
+SUPPORT_EFA: Final[bool]
+SUPPORT_HIP: Final[bool]
+SUPPORT_MNNVL: Final[bool]
+SUPPORT_INTRA_NVLINK: Final[bool]
+
+@final
+class TransferOpcode:
+    """Direction of a transfer: ``Read`` (remote to local) = 0, ``Write`` = 1."""
+
+    Read: ClassVar["TransferOpcode"]
+    Write: ClassVar["TransferOpcode"]
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+    def __int__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+Read: Final[TransferOpcode]
+Write: Final[TransferOpcode]
+
+_Opcode = Union[TransferOpcode, int]
+
+@final
+class TransferNotify:
+    """A notification sent after a transfer (``notify=``) and received by ``get_notifies()``."""
+
+    name: str
+    msg: str
+    def __new__(cls, name: str = "", msg: str = "") -> "TransferNotify": ...
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class InnerTransferEngine:
+    """The engine behind a ``TransferEngine``, shared with other components (``get_engine()``)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+@final
+class TransferEngine:
+    """A transfer engine: create, ``initialize(...)``, register memory, transfer.
+
+    Calling ``initialize`` again starts a new engine (new RPC port and session id), carries
+    every registration over to it and drops the old one (its in-flight batches fail); if the
+    new engine cannot start, the old one stays and -1 is returned.
+    """
+
+    TransferOpcode: ClassVar[type[TransferOpcode]]
+
+    def __init__(self) -> None: ...
+    @staticmethod
+    def last_error() -> Optional[str]:
+        """Why the calling thread's last call that reports failures (by return code) failed;
+        ``None`` if that call succeeded."""
+
+    def initialize(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str) -> int:
+        """Start the engine. ``metadata_server``: ``"P2PHANDSHAKE"`` (peers address this engine
+        as ``f"{local_hostname}:{get_rpc_port()}"``). 0 / -1."""
+
+    def initialize_ext(
+        self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, metadata_type: str
+    ) -> int: ...
+    def get_rpc_port(self) -> int:
+        """The handshake (RPC) port; -1 before ``initialize``."""
+
+    def allocate_managed_buffer(self, length: int) -> int:
+        """Registered host memory of at least ``length`` bytes; its address, or 0."""
+
+    def free_managed_buffer(self, buffer_addr: int, length: int) -> int: ...
+    def transfer_sync_write(
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
+    ) -> int: ...
+    def transfer_sync_read(
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
+    ) -> int: ...
+    def transfer_sync(
+        self,
+        target_hostname: str,
+        buffer: int,
+        peer_buffer_address: int,
+        length: int,
+        opcode: _Opcode,
+        notify: Optional[TransferNotify] = None,
+        transport_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_sync_write(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_sync_read(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_sync(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        opcode: _Opcode,
+        notify: Optional[TransferNotify] = None,
+        transport_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_async_write(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int:
+        """Submit; the batch id, or 0."""
+
+    def batch_transfer_async_read(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        transport_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_async(
+        self,
+        target_hostname: str,
+        buffers: Sequence[int],
+        peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int],
+        opcode: _Opcode,
+        transport_hint: str = "",
+    ) -> int: ...
+    def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
+        """Wait for every batch (each until its deadline) and free them: 0 / -1."""
+
+    def transfer_submit_write(
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
+    ) -> int: ...
+    def transfer_check_status(self, batch_id: int) -> int:
+        """1 completed (freed), 0 in progress, -1 failed (freed) or unknown id, -2 timed out."""
+
+    def write_bytes_to_buffer(self, dest_address: int, src_ptr: Union[bytes, bytearray], length: int) -> int: ...
+    def read_bytes_from_buffer(self, source_address: int, length: int) -> bytes: ...
+    def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int: ...
+    def unregister_memory(self, buffer_addr: int) -> int: ...
+    def batch_register_memory(
+        self, buffer_addresses: Sequence[int], capacities: Sequence[int], location: str = "*"
+    ) -> int: ...
+    def batch_unregister_memory(self, buffer_addresses: Sequence[int]) -> int: ...
+    def get_local_topology(self, device_name: Optional[str] = None) -> str:
+        """The local topology as JSON: location -> [preferred HCAs, available HCAs]."""
+
+    def get_first_buffer_address(self, segment_name: str) -> int: ...
+    def get_notifies(self) -> List[TransferNotify]: ...
+    def send_probe(self, peer_server_name: str) -> int: ...
+    def warmup_efa_segment(self, segment_name: str) -> int: ...
+    def get_engine(self) -> Optional[InnerTransferEngine]: ...
+    def get_engine_ptr(self) -> int: ...
+
+__all__ = [
+    "SUPPORT_CUDA",
+    "SUPPORT_EFA",
+    "SUPPORT_HIP",
+    "SUPPORT_INTRA_NVLINK",
+    "SUPPORT_MNNVL",
+    "SUPPORT_MUSA",
+    "InnerTransferEngine",
+    "Read",
+    "TransferEngine",
+    "TransferNotify",
+    "TransferOpcode",
+    "Write",
+    "__version__",
+]

@@ -1,0 +1,490 @@
+//! `mooncake.engine.TransferEngine`: each method extracts its arguments, calls
+//! [`ContractEngine`] (with the GIL released where it can block) and converts the result
+//! with upstream's return conventions. No logic of its own.
+//!
+//! Argument names are upstream's; every method also takes them as keywords. Arguments of
+//! the wrong type raise `TypeError` before anything runs.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyType};
+use transfer_engine::{OpCode, Request};
+
+use crate::errors::{self, BindingError};
+use crate::gil::detached;
+use crate::py_types::{opcode_arg, PyInnerTransferEngine, PyTransferNotify, PyTransferOpcode};
+use crate::upstream_contract::{batch_requests, ContractEngine};
+
+/// A transfer engine. Create it, then `initialize(...)`; failures are return codes
+/// (0 / -1, batch id 0), and `TransferEngine.last_error()` says why.
+#[pyclass(frozen, name = "TransferEngine", module = "mooncake.engine")]
+pub struct PyTransferEngine {
+    inner: ContractEngine,
+}
+
+/// The one request of a single-transfer call.
+fn single(op: OpCode, local: u64, remote: u64, len: u64) -> Result<Vec<Request>, BindingError> {
+    Ok(vec![Request {
+        op,
+        local,
+        remote,
+        len,
+    }])
+}
+
+impl PyTransferEngine {
+    /// Sync transfer of `requests`, with an optional notify; 0 / -1.
+    fn sync(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        target: &str,
+        requests: Result<Vec<Request>, BindingError>,
+        notify: Option<PyTransferNotify>,
+    ) -> PyResult<i32> {
+        let notify = notify.as_ref().map(Into::into);
+        let result = match requests {
+            Ok(reqs) => detached(py, |interrupted| {
+                // SAFETY: upstream's contract: the caller passes local buffers it owns for
+                // the duration of the call.
+                unsafe {
+                    self.inner
+                        .transfer_sync(target, &reqs, notify.as_ref(), interrupted)
+                }
+            })?,
+            Err(e) => Err(e),
+        };
+        Ok(errors::status(call, result))
+    }
+
+    /// Async submission of `requests`; the batch id, or 0.
+    fn submit(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        target: &str,
+        requests: Result<Vec<Request>, BindingError>,
+    ) -> PyResult<u64> {
+        let result = match requests {
+            // SAFETY: upstream's contract: local buffers stay valid until a status call
+            // reports the batch finished.
+            Ok(reqs) => detached(py, |_| unsafe { self.inner.submit(target, &reqs) })?,
+            Err(e) => Err(e),
+        };
+        Ok(errors::value_or(call, result, 0))
+    }
+}
+
+#[pymethods]
+impl PyTransferEngine {
+    #[new]
+    fn new() -> Self {
+        Self {
+            inner: ContractEngine::new(),
+        }
+    }
+
+    /// `TransferEngine.TransferOpcode`, as upstream attaches it.
+    #[classattr]
+    #[pyo3(name = "TransferOpcode")]
+    fn transfer_opcode_class(py: Python<'_>) -> Py<PyType> {
+        py.get_type::<PyTransferOpcode>().unbind()
+    }
+
+    /// Why the calling thread's last call on any engine failed; None if it succeeded.
+    #[staticmethod]
+    fn last_error() -> Option<String> {
+        errors::last_error()
+    }
+
+    #[pyo3(signature = (local_hostname, metadata_server, protocol, device_name))]
+    fn initialize(
+        &self,
+        py: Python<'_>,
+        local_hostname: String,
+        metadata_server: String,
+        protocol: String,
+        device_name: String,
+    ) -> PyResult<i32> {
+        let r = detached(py, |_| {
+            self.inner
+                .initialize(&local_hostname, &metadata_server, &protocol, &device_name)
+        })?;
+        Ok(errors::status("initialize", r))
+    }
+
+    #[pyo3(signature = (local_hostname, metadata_server, protocol, device_name, metadata_type))]
+    fn initialize_ext(
+        &self,
+        py: Python<'_>,
+        local_hostname: String,
+        metadata_server: String,
+        protocol: String,
+        device_name: String,
+        metadata_type: String,
+    ) -> PyResult<i32> {
+        let r = detached(py, |_| {
+            self.inner.initialize_ext(
+                &local_hostname,
+                &metadata_server,
+                &protocol,
+                &device_name,
+                &metadata_type,
+            )
+        })?;
+        Ok(errors::status("initialize_ext", r))
+    }
+
+    fn get_rpc_port(&self) -> i32 {
+        errors::value_or("get_rpc_port", self.inner.rpc_port().map(i32::from), -1)
+    }
+
+    #[pyo3(signature = (length))]
+    fn allocate_managed_buffer(&self, py: Python<'_>, length: u64) -> PyResult<u64> {
+        let r = detached(py, |_| self.inner.allocate_managed(length))?;
+        Ok(errors::value_or("allocate_managed_buffer", r, 0))
+    }
+
+    #[pyo3(signature = (buffer_addr, length))]
+    fn free_managed_buffer(&self, py: Python<'_>, buffer_addr: u64, length: u64) -> PyResult<i32> {
+        let r = detached(py, |_| self.inner.free_managed(buffer_addr, length))?;
+        Ok(errors::status("free_managed_buffer", r))
+    }
+
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '')")]
+    fn transfer_sync_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: String,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let reqs = single(OpCode::Write, buffer, peer_buffer_address, length);
+        self.sync(py, "transfer_sync_write", &target_hostname, reqs, None)
+    }
+
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '')")]
+    fn transfer_sync_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: String,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let reqs = single(OpCode::Read, buffer, peer_buffer_address, length);
+        self.sync(py, "transfer_sync_read", &target_hostname, reqs, None)
+    }
+
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = '')")]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_sync(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        opcode: &Bound<'_, PyAny>,
+        notify: Option<PyTransferNotify>,
+        transport_hint: String,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let reqs = single(opcode_arg(opcode)?, buffer, peer_buffer_address, length);
+        self.sync(py, "transfer_sync", &target_hostname, reqs, notify)
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '')")]
+    fn batch_transfer_sync_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: String,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let reqs = batch_requests(OpCode::Write, &buffers, &peer_buffer_addresses, &lengths);
+        self.sync(
+            py,
+            "batch_transfer_sync_write",
+            &target_hostname,
+            reqs,
+            None,
+        )
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '')")]
+    fn batch_transfer_sync_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: String,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let reqs = batch_requests(OpCode::Read, &buffers, &peer_buffer_addresses, &lengths);
+        self.sync(py, "batch_transfer_sync_read", &target_hostname, reqs, None)
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = '')")]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_sync(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        opcode: &Bound<'_, PyAny>,
+        notify: Option<PyTransferNotify>,
+        transport_hint: String,
+    ) -> PyResult<i32> {
+        let _ = transport_hint;
+        let reqs = batch_requests(
+            opcode_arg(opcode)?,
+            &buffers,
+            &peer_buffer_addresses,
+            &lengths,
+        );
+        self.sync(py, "batch_transfer_sync", &target_hostname, reqs, notify)
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '')")]
+    fn batch_transfer_async_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: String,
+    ) -> PyResult<u64> {
+        let _ = transport_hint;
+        let reqs = batch_requests(OpCode::Write, &buffers, &peer_buffer_addresses, &lengths);
+        self.submit(py, "batch_transfer_async_write", &target_hostname, reqs)
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '')")]
+    fn batch_transfer_async_read(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        transport_hint: String,
+    ) -> PyResult<u64> {
+        let _ = transport_hint;
+        let reqs = batch_requests(OpCode::Read, &buffers, &peer_buffer_addresses, &lengths);
+        self.submit(py, "batch_transfer_async_read", &target_hostname, reqs)
+    }
+
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = '')")]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_async(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        opcode: &Bound<'_, PyAny>,
+        transport_hint: String,
+    ) -> PyResult<u64> {
+        let _ = transport_hint;
+        let reqs = batch_requests(
+            opcode_arg(opcode)?,
+            &buffers,
+            &peer_buffer_addresses,
+            &lengths,
+        );
+        self.submit(py, "batch_transfer_async", &target_hostname, reqs)
+    }
+
+    #[pyo3(signature = (batch_ids))]
+    fn get_batch_transfer_status(&self, py: Python<'_>, batch_ids: Vec<u64>) -> PyResult<i32> {
+        let r = detached(py, |interrupted| {
+            self.inner.wait_batches(&batch_ids, interrupted)
+        })?;
+        Ok(errors::status("get_batch_transfer_status", r))
+    }
+
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '')")]
+    fn transfer_submit_write(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        transport_hint: String,
+    ) -> PyResult<u64> {
+        let _ = transport_hint;
+        let reqs = single(OpCode::Write, buffer, peer_buffer_address, length);
+        self.submit(py, "transfer_submit_write", &target_hostname, reqs)
+    }
+
+    #[pyo3(signature = (batch_id))]
+    fn transfer_check_status(&self, batch_id: u64) -> i32 {
+        let poll = self.inner.check_batch(batch_id).and_then(|p| match p {
+            crate::batch_table::Poll::Failed(e) => Err(e),
+            other => Ok(other.code()),
+        });
+        errors::value_or("transfer_check_status", poll, -1)
+    }
+
+    #[pyo3(signature = (dest_address, src_ptr, length))]
+    fn write_bytes_to_buffer(
+        &self,
+        py: Python<'_>,
+        dest_address: u64,
+        src_ptr: &Bound<'_, PyAny>,
+        length: u64,
+    ) -> PyResult<i32> {
+        let r = if let Ok(b) = src_ptr.cast::<PyBytes>() {
+            let data = b.as_bytes();
+            // SAFETY: upstream's contract (a plain memcpy into host memory the caller owns).
+            detached(py, |_| unsafe {
+                ContractEngine::write_bytes(dest_address, data, length)
+            })?
+        } else if let Ok(b) = src_ptr.cast::<PyByteArray>() {
+            let data = b.to_vec();
+            // SAFETY: as above.
+            unsafe { ContractEngine::write_bytes(dest_address, &data, length) }
+        } else {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "src_ptr must be bytes or bytearray, not {}",
+                src_ptr.get_type().name()?
+            )));
+        };
+        Ok(errors::status("write_bytes_to_buffer", r))
+    }
+
+    #[pyo3(signature = (source_address, length))]
+    fn read_bytes_from_buffer<'py>(
+        &self,
+        py: Python<'py>,
+        source_address: u64,
+        length: u64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let n = usize::try_from(length)
+            .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("length too large"))?;
+        let mut failure = None;
+        let bytes = PyBytes::new_with(py, n, |out| {
+            // SAFETY: upstream's contract (a plain copy from host memory the caller owns).
+            failure = unsafe { ContractEngine::read_bytes(source_address, out) }.err();
+            Ok(())
+        })?;
+        match errors::settle("read_bytes_from_buffer", failure.map_or(Ok(()), Err)) {
+            Ok(()) => Ok(bytes),
+            Err(e) => Err(pyo3::exceptions::PyValueError::new_err(e.to_string())),
+        }
+    }
+
+    #[pyo3(signature = (buffer_addr, capacity, location = String::from("*")), text_signature = "($self, buffer_addr, capacity, location = '*')")]
+    fn register_memory(
+        &self,
+        py: Python<'_>,
+        buffer_addr: u64,
+        capacity: u64,
+        location: String,
+    ) -> PyResult<i32> {
+        let r = detached(py, |_| {
+            self.inner.register_memory(buffer_addr, capacity, &location)
+        })?;
+        Ok(errors::status_code("register_memory", r))
+    }
+
+    #[pyo3(signature = (buffer_addr))]
+    fn unregister_memory(&self, py: Python<'_>, buffer_addr: u64) -> PyResult<i32> {
+        let r = detached(py, |_| self.inner.unregister_memory(buffer_addr))?;
+        Ok(errors::status_code("unregister_memory", r))
+    }
+
+    #[pyo3(signature = (buffer_addresses, capacities, location = String::from("*")), text_signature = "($self, buffer_addresses, capacities, location = '*')")]
+    fn batch_register_memory(
+        &self,
+        py: Python<'_>,
+        buffer_addresses: Vec<u64>,
+        capacities: Vec<u64>,
+        location: String,
+    ) -> PyResult<i32> {
+        let r = detached(py, |_| {
+            self.inner
+                .batch_register_memory(&buffer_addresses, &capacities, &location)
+        })?;
+        Ok(errors::status_code("batch_register_memory", r))
+    }
+
+    #[pyo3(signature = (buffer_addresses))]
+    fn batch_unregister_memory(&self, py: Python<'_>, buffer_addresses: Vec<u64>) -> PyResult<i32> {
+        let r = detached(py, |_| {
+            self.inner.batch_unregister_memory(&buffer_addresses)
+        })?;
+        Ok(errors::status_code("batch_unregister_memory", r))
+    }
+
+    #[pyo3(signature = (device_name = None))]
+    fn get_local_topology(&self, py: Python<'_>, device_name: Option<String>) -> PyResult<String> {
+        detached(py, |_| {
+            ContractEngine::local_topology(device_name.as_deref())
+        })
+    }
+
+    #[pyo3(signature = (segment_name))]
+    fn get_first_buffer_address(&self, py: Python<'_>, segment_name: String) -> PyResult<u64> {
+        let r = detached(py, |_| self.inner.first_buffer_address(&segment_name))?;
+        Ok(errors::value_or("get_first_buffer_address", r, 0))
+    }
+
+    fn get_notifies(&self) -> Vec<PyTransferNotify> {
+        self.inner
+            .take_notifies()
+            .into_iter()
+            .map(Into::into)
+            .collect()
+    }
+
+    #[pyo3(signature = (peer_server_name))]
+    fn send_probe(&self, py: Python<'_>, peer_server_name: String) -> PyResult<i32> {
+        let r = detached(py, |_| self.inner.probe(&peer_server_name))?;
+        Ok(errors::status("send_probe", r))
+    }
+
+    /// No-op outside EFA builds, as upstream: returns 0.
+    #[pyo3(signature = (segment_name))]
+    fn warmup_efa_segment(&self, segment_name: String) -> i32 {
+        let _ = segment_name;
+        0
+    }
+
+    /// The engine, for components that share it; None before `initialize`.
+    fn get_engine(&self) -> Option<PyInnerTransferEngine> {
+        self.inner
+            .engine()
+            .ok()
+            .map(|inner| PyInnerTransferEngine { inner })
+    }
+
+    /// The engine's address (opaque; 0 before `initialize`).
+    fn get_engine_ptr(&self) -> usize {
+        self.inner
+            .engine()
+            .map_or(0, |e| std::sync::Arc::as_ptr(&e) as usize)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.inner.engine() {
+            Ok(e) => format!("TransferEngine(session_id={:?})", e.session_id()),
+            Err(_) => "TransferEngine(not initialized)".to_string(),
+        }
+    }
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Build the Python wheel (bindings/, maturin) once into target/wheels/.
+#
+#   scripts/build-wheel.sh          # prints the wheel's absolute path on the last line
+#
+# maturin comes from the hash-locked tool venv (tests/python/requirements.txt), made here
+# if missing. The wheel is abi3 (CPython >= 3.9). Platform tag: plain `linux` for now
+# (--compatibility linux); the release issue pins manylinux_2_35.
+#
+# Environment:
+#   PY_VENV   the tool/test venv (default: $REPO/.venv-test)
+#   PYTHON    interpreter that creates it (default: python3)
+#   PROFILE   cargo profile passed to maturin (default: release)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${PY_VENV:-$REPO/.venv-test}"
+PYTHON="${PYTHON:-python3}"
+REQS="$REPO/tests/python/requirements.txt"
+OUT="$REPO/target/wheels"
+log() { printf 'build-wheel: %s\n' "$*" >&2; }
+
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+
+# --- tool venv (locked, hash-checked) ---------------------------------------------------
+stamp="$VENV/.requirements.sha256"
+want="$(sha256sum "$REQS" | cut -d' ' -f1)"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    [ -x "$VENV/bin/python" ] || { log "creating venv $VENV"; "$PYTHON" -m venv "$VENV" >&2; }
+    log "installing locked test tools (pytest, numpy, maturin) into $VENV"
+    PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet --no-input \
+        --require-hashes --only-binary=:all: -r "$REQS" >&2
+    echo "$want" >"$stamp"
+fi
+
+# --- wheel ---------------------------------------------------------------------------
+mkdir -p "$OUT"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+log "maturin build (${PROFILE:-release})"
+(cd "$REPO/bindings" && "$VENV/bin/maturin" build --locked --profile "${PROFILE:-release}" \
+    --compatibility linux --out "$TMP" >&2)
+shopt -s nullglob
+built=("$TMP"/*.whl)
+[ "${#built[@]}" -eq 1 ] || { log "expected one wheel, got: ${built[*]:-none}"; exit 1; }
+name="$(basename "${built[0]}")"
+mv -f "${built[0]}" "$OUT/$name"
+log "built $OUT/$name ($(du -h "$OUT/$name" | cut -f1))"
+printf '%s\n' "$OUT/$name"
