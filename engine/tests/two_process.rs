@@ -156,6 +156,61 @@ fn server_rejects_unregistered_ranges_itself() {
 }
 
 #[test]
+fn server_serves_upstream_style_clients() {
+    // Upstream 0.3.12 clients: a new connection per request, payload in 64 KiB chunks.
+    use std::io::{Read, Write};
+    use transfer_engine::wire::tcp::{RequestHeader, Status};
+    let len = 1 << 20;
+    let mut peer = Peer::spawn(len, 8);
+    let desc = transfer_engine::metadata::MetadataStore::fetch(
+        &transfer_engine::metadata::P2pStore::new(Default::default()),
+        &peer.session,
+    )
+    .unwrap();
+    let data = pattern(len as usize, 77);
+    for v2 in [true, false] {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", desc.tcp_data_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let h = RequestHeader {
+            size: len,
+            addr: peer.addr,
+            opcode: OpCode::Write,
+            v2,
+        };
+        s.write_all(&h.encode()).unwrap();
+        for chunk in data.chunks(64 << 10) {
+            s.write_all(chunk).unwrap();
+        }
+        if v2 {
+            let mut st = [0u8; 8];
+            s.read_exact(&mut st).unwrap();
+            assert_eq!(Status::decode(&st).unwrap(), Status::Ok);
+        }
+        drop(s);
+        // A fresh connection reads it back.
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", desc.tcp_data_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(
+            &RequestHeader {
+                opcode: OpCode::Read,
+                ..h
+            }
+            .encode(),
+        )
+        .unwrap();
+        if v2 {
+            let mut st = [0u8; 8];
+            s.read_exact(&mut st).unwrap();
+            assert_eq!(Status::decode(&st).unwrap(), Status::Ok);
+        }
+        let mut back = vec![0u8; len as usize];
+        s.read_exact(&mut back).unwrap();
+        assert!(back == data, "v2={v2}");
+    }
+    assert_eq!(peer.hash(peer.addr, len), fnv(&data));
+}
+
+#[test]
 fn a_peer_dying_mid_batch_fails_the_batch_quickly() {
     let len = 64 << 20;
     let mut peer = Peer::spawn(len, 1);

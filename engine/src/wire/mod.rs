@@ -53,3 +53,41 @@ pub enum WireError {
     #[error("{0}")]
     Invalid(String),
 }
+
+#[cfg(test)]
+mod fuzz {
+    //! Arbitrary peer bytes never panic any decoder.
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = super::handshake::decode_frame(&bytes, 256);
+            let _ = super::handshake::decode_body(&bytes);
+            if let Ok(h) = <[u8; 24]>::try_from(&bytes[..bytes.len().min(24)]) {
+                let _ = super::tcp::RequestHeader::decode(&h);
+            }
+            if let Ok(s) = <[u8; 8]>::try_from(&bytes[..bytes.len().min(8)]) {
+                let _ = super::tcp::Status::decode(&s);
+            }
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = super::descriptor::SegmentDesc::decode(&text);
+            let _ = super::descriptor::NotifyMsg::decode(&text);
+            let _ = super::session::HostPort::parse(&text, 1);
+        }
+
+        #[test]
+        fn descriptor_like_json_never_panics(
+            name in "[a-z0-9:.\\[\\]]{0,20}",
+            addr in any::<u64>(), len in any::<u64>(), port in any::<u16>(),
+        ) {
+            let json = format!(
+                r#"{{"name":"{name}","protocol":"tcp","tcp_data_port":{port},"buffers":[{{"name":"b","addr":{addr},"length":{len}}}]}}"#
+            );
+            if let Ok(d) = super::descriptor::SegmentDesc::decode(&json) {
+                let _ = d.find_buffer(addr, len);
+                prop_assert!(d.buffers[0].addr.checked_add(d.buffers[0].length).is_some());
+            }
+        }
+    }
+}
