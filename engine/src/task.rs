@@ -12,6 +12,9 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::TransferError;
 
+/// Times a waiter checks for completion (yielding in between) before it sleeps.
+const SPIN_LOOKS: u32 = 64;
+
 /// State of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaskStatus {
@@ -151,6 +154,14 @@ impl BatchState {
 
     /// Blocks until every task finished or `until` passes; true if finished.
     pub fn wait_until(&self, until: Instant) -> bool {
+        // Small transfers finish within microseconds: look a few times before
+        // paying for a sleep and a wake-up.
+        for _ in 0..SPIN_LOOKS {
+            if self.is_finished() {
+                return true;
+            }
+            std::thread::yield_now();
+        }
         let mut guard = self.lock.lock();
         while !self.is_finished() {
             if self.done.wait_until(&mut guard, until).timed_out() {

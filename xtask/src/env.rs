@@ -1,0 +1,28 @@
+//! Every environment variable xtask reads, named once.
+
+/// Workspace to operate on (default: the workspace this xtask was built from).
+pub const XTASK_ROOT: &str = "XTASK_ROOT";
+/// Root of the host files the baseline check reads (`etc/os-release`, the MUSA version file).
+pub const XTASK_HOST_ROOT: &str = "XTASK_HOST_ROOT";
+/// Interpreter probed for the Python, glibc and PyTorch versions of the baseline.
+pub const XTASK_BASELINE_PYTHON: &str = "XTASK_BASELINE_PYTHON";
+/// Interpreter that creates the locked build-tools venv (default `python3`).
+pub const XTASK_PYTHON: &str = "XTASK_PYTHON";
+/// `true` on GitHub Actions: the baseline check is strict.
+pub const GITHUB_ACTIONS: &str = "GITHUB_ACTIONS";
+pub const GITHUB_TOKEN: &str = "GITHUB_TOKEN";
+/// REST API base (GitHub Enterprise, the loopback stand-in); default `https://api.github.com`.
+pub const GITHUB_API_URL: &str = "GITHUB_API_URL";
+/// PyPI API token (user `__token__`) or, with `PYPI_USERNAME`, a password.
+pub const PYPI_API_TOKEN: &str = "PYPI_API_TOKEN";
+pub const PYPI_USERNAME: &str = "PYPI_USERNAME";
+/// Override `pypi.repository_url` / `pypi.index_url` of release.toml (e.g. TestPyPI, devpi).
+pub const PYPI_REPOSITORY_URL: &str = "PYPI_REPOSITORY_URL";
+pub const PYPI_INDEX_URL: &str = "PYPI_INDEX_URL";
+/// Set by GitHub Actions with `id-token: write`: PyPI trusted publishing.
+pub const ACTIONS_ID_TOKEN_REQUEST_URL: &str = "ACTIONS_ID_TOKEN_REQUEST_URL";
+pub const ACTIONS_ID_TOKEN_REQUEST_TOKEN: &str = "ACTIONS_ID_TOKEN_REQUEST_TOKEN";
+
+pub fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}

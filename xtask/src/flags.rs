@@ -1,0 +1,192 @@
+//! The whole command line of `cargo xtask`, in one place.
+
+use anyhow::{bail, format_err};
+
+pub const HELP: &str = "\
+cargo xtask: the release orchestrator
+
+USAGE:
+    cargo xtask <command> [options]
+
+COMMANDS:
+    plan <tag>                  print, as JSON, what `release <tag>` would do (nothing is built)
+    check-baseline [--strict-baseline]
+                                compare this host with the baseline pinned in release.toml
+    verify <dir-or-tag>         re-hash the artifacts of a release directory (or of
+                                target/dist/<tag>) against its sha256.sum and manifest
+    release <tag> [--dry-run] [--strict-baseline]
+                                verify source and baseline, build, audit, checksum, publish to
+                                GitHub Releases and PyPI, write RELEASES.md. --dry-run stops
+                                before publishing and works offline.
+
+Strict baseline is the default on GitHub Actions (GITHUB_ACTIONS=true).
+";
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Xtask {
+    Help,
+    Plan(Plan),
+    CheckBaseline(CheckBaseline),
+    Verify(Verify),
+    Release(Release),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub tag: String,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct CheckBaseline {
+    pub strict_baseline: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Verify {
+    pub dir_or_tag: String,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Release {
+    pub tag: String,
+    pub dry_run: bool,
+    pub strict_baseline: bool,
+}
+
+impl Xtask {
+    pub fn from_env() -> anyhow::Result<Xtask> {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        Xtask::parse(&args)
+    }
+
+    pub fn parse(args: &[String]) -> anyhow::Result<Xtask> {
+        let mut args = Args {
+            rest: args.iter().map(String::as_str).collect(),
+        };
+        let Some(cmd) = args.next_positional() else {
+            return Ok(Xtask::Help);
+        };
+        let parsed = match cmd {
+            "help" | "--help" | "-h" => Xtask::Help,
+            "plan" => Xtask::Plan(Plan {
+                tag: args.required("<tag>")?,
+            }),
+            "check-baseline" => Xtask::CheckBaseline(CheckBaseline {
+                strict_baseline: args.flag("--strict-baseline"),
+            }),
+            "verify" => Xtask::Verify(Verify {
+                dir_or_tag: args.required("<dir-or-tag>")?,
+            }),
+            "release" => {
+                let dry_run = args.flag("--dry-run");
+                let strict_baseline = args.flag("--strict-baseline");
+                Xtask::Release(Release {
+                    tag: args.required("<tag>")?,
+                    dry_run,
+                    strict_baseline,
+                })
+            }
+            other => bail!("unknown command `{other}`\n\n{HELP}"),
+        };
+        args.finish()?;
+        Ok(parsed)
+    }
+}
+
+struct Args<'a> {
+    rest: Vec<&'a str>,
+}
+
+impl<'a> Args<'a> {
+    fn flag(&mut self, name: &str) -> bool {
+        let before = self.rest.len();
+        self.rest.retain(|a| *a != name);
+        self.rest.len() != before
+    }
+
+    fn next_positional(&mut self) -> Option<&'a str> {
+        let i = self
+            .rest
+            .iter()
+            .position(|a| !a.starts_with("--") || *a == "--help")?;
+        Some(self.rest.remove(i))
+    }
+
+    fn required(&mut self, what: &str) -> anyhow::Result<String> {
+        self.next_positional()
+            .map(str::to_owned)
+            .ok_or_else(|| format_err!("missing argument {what}\n\n{HELP}"))
+    }
+
+    fn finish(self) -> anyhow::Result<()> {
+        if let Some(extra) = self.rest.first() {
+            bail!("unexpected argument `{extra}`\n\n{HELP}");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> anyhow::Result<Xtask> {
+        Xtask::parse(&s.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn commands_parse() {
+        assert_eq!(parse("").unwrap(), Xtask::Help);
+        assert_eq!(
+            parse("release v0.1.0 --dry-run").unwrap(),
+            Xtask::Release(Release {
+                tag: "v0.1.0".into(),
+                dry_run: true,
+                strict_baseline: false
+            })
+        );
+        assert_eq!(
+            parse("release --strict-baseline v0.1.0").unwrap(),
+            Xtask::Release(Release {
+                tag: "v0.1.0".into(),
+                dry_run: false,
+                strict_baseline: true
+            })
+        );
+        assert_eq!(
+            parse("plan v0.1.0").unwrap(),
+            Xtask::Plan(Plan {
+                tag: "v0.1.0".into()
+            })
+        );
+        assert_eq!(
+            parse("verify target/dist/v0.1.0").unwrap(),
+            Xtask::Verify(Verify {
+                dir_or_tag: "target/dist/v0.1.0".into()
+            })
+        );
+        assert_eq!(
+            parse("check-baseline --strict-baseline").unwrap(),
+            Xtask::CheckBaseline(CheckBaseline {
+                strict_baseline: true
+            })
+        );
+    }
+
+    #[test]
+    fn mistakes_are_errors() {
+        assert!(parse("release")
+            .unwrap_err()
+            .to_string()
+            .contains("missing argument <tag>"));
+        assert!(parse("release v0.1.0 --dryrun")
+            .unwrap_err()
+            .to_string()
+            .contains("--dryrun"));
+        assert!(parse("release v0.1.0 v0.2.0").is_err());
+        assert!(parse("publish")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown command"));
+    }
+}

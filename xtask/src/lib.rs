@@ -1,0 +1,60 @@
+//! The release orchestrator behind `cargo xtask`. See `xtask/README.md` for the map.
+//!
+//! `main.rs` parses [`flags`] and calls `run` on the chosen command; each command lives in its
+//! own module (`plan`, `check_baseline`, `verify`, `release`), the phases of a release in
+//! `release/`.
+
+use std::path::{Path, PathBuf};
+
+pub mod check_baseline;
+pub mod config;
+pub mod env;
+pub mod flags;
+pub mod phase;
+pub mod plan;
+pub mod release;
+pub mod verify;
+pub mod version;
+
+pub use config::ReleaseConfig;
+
+/// The workspace xtask operates on: `$XTASK_ROOT`, or the one it was built from.
+pub fn project_root() -> PathBuf {
+    match env::var(env::XTASK_ROOT) {
+        Some(root) => PathBuf::from(root),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .nth(1)
+            .unwrap()
+            .to_path_buf(),
+    }
+}
+
+/// A workspace and its release configuration.
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    pub root: PathBuf,
+    pub config: ReleaseConfig,
+}
+
+impl Workspace {
+    pub fn load(sh: &xshell::Shell) -> anyhow::Result<Workspace> {
+        let root = sh.current_dir();
+        let config = ReleaseConfig::load(&root.join("release.toml"))?;
+        Ok(Workspace { root, config })
+    }
+
+    /// Where a release's artifacts, sums and manifest land.
+    pub fn dist_dir(&self, tag: &str) -> PathBuf {
+        self.root.join("target").join("dist").join(tag)
+    }
+
+    /// xtask's own scratch space (build venv, staging).
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.root.join("target").join("xtask")
+    }
+
+    pub fn wheel_project_dir(&self) -> PathBuf {
+        self.root.join(&self.config.wheel.project_dir)
+    }
+}

@@ -1,0 +1,35 @@
+//! `cargo xtask`: parse the command line once, go to the workspace root, dispatch.
+
+use std::process::ExitCode;
+
+use xtask::flags;
+
+fn main() -> ExitCode {
+    match try_main() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The chain of causes, without a backtrace: every message says what to do next.
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn try_main() -> anyhow::Result<()> {
+    let flags = flags::Xtask::from_env()?;
+    let sh = xshell::Shell::new()?;
+    sh.change_dir(xtask::project_root());
+    match flags {
+        flags::Xtask::Help => {
+            print!("{}", flags::HELP);
+            Ok(())
+        }
+        flags::Xtask::Plan(cmd) => cmd.run(&sh),
+        flags::Xtask::CheckBaseline(cmd) => cmd.run(&sh),
+        flags::Xtask::Verify(cmd) => cmd.run(&sh),
+        flags::Xtask::Release(cmd) => cmd.run(&sh),
+    }
+}

@@ -1,0 +1,87 @@
+//! `cargo xtask plan <tag>`: what `release <tag>` would do, as JSON on stdout. Runs the source
+//! checks (git and cargo metadata only); builds nothing, touches no network.
+
+use anyhow::bail;
+use serde_json::json;
+use xshell::Shell;
+
+use crate::flags;
+use crate::release::checksums::{MANIFEST, SUMS};
+use crate::release::verify::{self, BaselineMode};
+use crate::version::{dist_file_stem, normalize_name, ReleaseTag};
+use crate::Workspace;
+
+impl flags::Plan {
+    pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
+        let ws = Workspace::load(sh)?;
+        let tag = ReleaseTag::parse(&self.tag)?;
+        let config = &ws.config;
+        let version = tag.version.to_string();
+        let stem = dist_file_stem(&config.distribution);
+        let platform = &config.baseline.wheel_platform;
+        let wheel = format!("{stem}-{version}-{}-{platform}.whl", python_abi_tag(&ws));
+        let sdist = format!("{stem}-{version}.tar.gz");
+        let source = verify::source(sh, &ws, &self.tag);
+        let (owner, repo) = config.github_owner_repo();
+        let index = config.pypi.index_url.trim_end_matches('/');
+        let plan = json!({
+            "tag": tag.name,
+            "version": version,
+            "cargo_version": tag.version.cargo(),
+            "distribution": config.distribution,
+            "source": match &source {
+                Ok(s) => json!({"ok": true, "commit": s.commit, "source_date_epoch": s.commit_time}),
+                Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+            },
+            "baseline": {
+                "mode": BaselineMode::from_flag(false),
+                "wanted": config.baseline,
+            },
+            "dist_dir": format!("target/dist/{}", tag.name),
+            "artifacts": [
+                {"name": wheel, "kind": "python-wheel"},
+                {"name": sdist, "kind": "source-tarball"},
+                {"name": SUMS, "kind": "unified-checksum"},
+                {"name": MANIFEST, "kind": "dist-manifest"},
+            ],
+            "phases": [
+                {"name": "verify source", "does": "tag exists, is HEAD, clean tree, versions equal the tag's"},
+                {"name": "verify baseline", "does": "compare the host with release.toml [baseline]"},
+                {"name": "build", "does": format!("maturin sdist + build --release --locked --compatibility {}", config.baseline.manylinux()?.0)},
+                {"name": "audit", "does": "platform tag, auditwheel, no vendor runtime bundled or linked, smoke test in a clean venv"},
+                {"name": "checksums", "does": format!("{SUMS} and {MANIFEST}")},
+                {"name": "publish GitHub", "dry_run": "skipped", "target": format!("https://github.com/{owner}/{repo}/releases/tag/{}", tag.name)},
+                {"name": "publish PyPI", "dry_run": "skipped", "target": config.pypi.repository_url,
+                 "checks": format!("{index}/{}/", normalize_name(&config.distribution))},
+                {"name": "images", "dry_run": "skipped"},
+                {"name": "ledger", "dry_run": "skipped", "target": "RELEASES.md"},
+            ],
+        });
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+        if let Err(e) = source {
+            bail!("release {} would stop at `verify source`: {e:#}", tag.name);
+        }
+        Ok(())
+    }
+}
+
+/// `cp39-abi3` when the wheel's crate enables pyo3's `abi3-py39`, else a placeholder.
+fn python_abi_tag(ws: &Workspace) -> String {
+    let manifest =
+        std::fs::read_to_string(ws.wheel_project_dir().join("Cargo.toml")).unwrap_or_default();
+    let table: toml::Table = toml::from_str(&manifest).unwrap_or_default();
+    let features = table
+        .get("dependencies")
+        .and_then(|d| d.get("pyo3"))
+        .and_then(|p| p.get("features"))
+        .and_then(|f| f.as_array())
+        .cloned()
+        .unwrap_or_default();
+    features
+        .iter()
+        .filter_map(|f| f.as_str()?.strip_prefix("abi3-py"))
+        .filter_map(|v| v.parse::<u32>().ok())
+        .min()
+        .map(|v| format!("cp{v}-abi3"))
+        .unwrap_or_else(|| "<python>-<abi>".to_owned())
+}

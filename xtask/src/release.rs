@@ -1,0 +1,198 @@
+//! `cargo xtask release <tag>`: the order of the phases. Each phase lives in `release/` and is
+//! safe to re-run; publishing compares what exists with what it would upload.
+//!
+//! verify source -> verify baseline -> build -> audit -> checksums -> publish GitHub ->
+//! publish PyPI -> images -> ledger. `--dry-run` stops before publishing and needs no network.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use xshell::Shell;
+
+use crate::flags;
+use crate::phase::Phases;
+use crate::release::checksums::{Manifest, ManifestArtifact, ManifestRelease, MANIFEST, SUMS};
+use crate::release::verify::{BaselineMode, BaselineReport, Source};
+use crate::version::ReleaseTag;
+use crate::Workspace;
+
+pub mod audit;
+pub mod build;
+pub mod checksums;
+pub mod github;
+pub mod ledger;
+pub mod pypi;
+pub mod verify;
+
+/// The target triple of the wheel, for the manifest.
+const TARGET_TRIPLE: &str = "x86_64-unknown-linux-gnu";
+
+impl flags::Release {
+    pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
+        let ws = Workspace::load(sh)?;
+        let mut phases = Phases::new(format!("release {}", self.tag));
+        let result = run_phases(sh, &ws, &self, &mut phases);
+        eprint!("{}", phases.summary());
+        result
+    }
+}
+
+fn run_phases(
+    sh: &Shell,
+    ws: &Workspace,
+    cmd: &flags::Release,
+    phases: &mut Phases,
+) -> anyhow::Result<()> {
+    let source = phases.run("verify source", || {
+        let s = verify::source(sh, ws, &cmd.tag)?;
+        let outcome = format!(
+            "{} is {} (clean tree, version {})",
+            s.tag, s.commit, s.version
+        );
+        Ok((s, outcome))
+    })?;
+    let baseline = phases.run("verify baseline", || {
+        let r = verify::baseline(
+            sh,
+            &ws.config.baseline,
+            BaselineMode::from_flag(cmd.strict_baseline),
+        )?;
+        let outcome = r.outcome();
+        Ok((r, outcome))
+    })?;
+    let built = phases.run("build", || {
+        let b = build::build(sh, ws, &source)?;
+        let outcome = format!("{}, {}", file_name(&b.wheel), file_name(&b.sdist));
+        Ok((b, outcome))
+    })?;
+    let audited = phases.run("audit", || {
+        let venv = build::tools_venv(sh, ws)?;
+        let python = baseline.found.python_bin.as_deref().unwrap_or("python3");
+        let a = audit::audit(sh, ws, &built.wheel, &venv, python)?;
+        let outcome = format!(
+            "{}; no vendor runtime linked; smoke test moved {} bytes on Python {}",
+            a.auditwheel
+                .clone()
+                .unwrap_or_else(|| a.platform_tag.clone()),
+            a.smoke["bytes_moved"],
+            a.smoke["python"].as_str().unwrap_or("?")
+        );
+        Ok((a, outcome))
+    })?;
+    let dist = ws.dist_dir(&source.tag);
+    let manifest = phases.run("checksums", || {
+        let m = manifest(ws, &source, &baseline, &built, &audited)?;
+        checksums::write(&dist, &m)?;
+        checksums::verify_dir(&dist)?;
+        Ok((m, format!("{} and {MANIFEST} in {}", SUMS, dist.display())))
+    })?;
+
+    if cmd.dry_run {
+        for name in ["publish GitHub", "publish PyPI", "images", "ledger"] {
+            phases.skip(name, "--dry-run");
+        }
+        eprintln!("\nDry run: the release would publish these files:");
+        for f in &manifest.upload_files {
+            eprintln!("    {}", dist.join(f).display());
+        }
+        eprintln!(
+            "and add this entry to RELEASES.md:\n\n{}",
+            ledger::entry(ws, &source, &manifest, &[])
+        );
+        return Ok(());
+    }
+
+    let github = phases.run("publish GitHub", || {
+        let r = github::publish(ws, &source, &dist, &manifest)?;
+        let outcome = r.summary();
+        Ok((r, outcome))
+    })?;
+    let pypi = phases.run("publish PyPI", || {
+        let venv = build::tools_venv(sh, ws)?;
+        let r = pypi::publish(sh, ws, &dist, &manifest, &venv)?;
+        let outcome = r.summary();
+        Ok((r, outcome))
+    })?;
+    phases.skip("images", "release.toml [images] names no image yet");
+    phases.run("ledger", || {
+        let places = [github.place(), pypi.place()];
+        let changed = ledger::write(ws, &source, &manifest, &places)?;
+        let outcome = if changed {
+            "RELEASES.md updated"
+        } else {
+            "RELEASES.md already has this entry"
+        };
+        Ok(((), outcome.to_owned()))
+    })?;
+    Ok(())
+}
+
+/// The release manifest: see `checksums.rs` for its conventions.
+pub fn manifest(
+    ws: &Workspace,
+    source: &Source,
+    baseline: &BaselineReport,
+    built: &build::Built,
+    audited: &audit::AuditReport,
+) -> anyhow::Result<Manifest> {
+    let wheel =
+        ManifestArtifact::file(&built.wheel, "python-wheel", vec![TARGET_TRIPLE.to_owned()])?;
+    let sdist = ManifestArtifact::file(&built.sdist, "source-tarball", vec![])?;
+    let sums = ManifestArtifact {
+        name: SUMS.to_owned(),
+        kind: "unified-checksum".to_owned(),
+        target_triples: vec![],
+        size: None,
+        checksums: BTreeMap::new(),
+    };
+    let (owner, repo) = ws.config.github_owner_repo();
+    let tag = ReleaseTag::parse(&source.tag)?;
+    let artifacts: BTreeMap<String, ManifestArtifact> = [wheel, sdist, sums]
+        .into_iter()
+        .map(|a| (a.name.clone(), a))
+        .collect();
+    let upload_files = vec![
+        file_name(&built.wheel),
+        file_name(&built.sdist),
+        SUMS.to_owned(),
+        MANIFEST.to_owned(),
+    ];
+    Ok(Manifest {
+        dist_version: format!("xtask {}", env!("CARGO_PKG_VERSION")),
+        announcement_tag: source.tag.clone(),
+        announcement_is_prerelease: false,
+        source: serde_json::json!({
+            "tag": source.tag,
+            "commit": source.commit,
+            "source_date_epoch": source.commit_time,
+            "post_release": tag.is_post_release(),
+        }),
+        releases: vec![ManifestRelease {
+            app_name: ws.config.distribution.clone(),
+            app_version: source.version.clone(),
+            artifacts: artifacts.keys().cloned().collect(),
+            hosting: serde_json::json!({
+                "github": {
+                    "artifact_base_url": "https://github.com",
+                    "artifact_download_path": format!("/{owner}/{repo}/releases/download/{}", source.tag),
+                    "owner": owner,
+                    "repo": repo,
+                },
+                "pypi": { "repository_url": ws.config.pypi.repository_url },
+            }),
+        }],
+        artifacts,
+        upload_files,
+        baseline: serde_json::to_value(baseline)?,
+        tools: built.tools.clone(),
+        build: serde_json::to_value(&built.settings)?,
+        audit: serde_json::to_value(audited)?,
+    })
+}
+
+/// A path's file name, for messages and asset names.
+pub fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}

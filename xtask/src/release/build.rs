@@ -1,0 +1,228 @@
+//! Phase `build`: the wheel and the sdist, reproducibly.
+//!
+//! Same tag, same host baseline, same bytes: `SOURCE_DATE_EPOCH` is the tag's commit time (zip
+//! and tar mtimes), maturin's SBOM is off (it holds a random serial number and a timestamp), path
+//! prefixes are remapped (`/src`, `/cargo`, `/rustup`) so no checkout or home directory reaches
+//! the `.so`, the toolchain is `rust-toolchain.toml`'s, Cargo.lock is `--locked`, and maturin
+//! comes from a hash-locked venv (`xtask/requirements-build.txt`).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, format_err, Context};
+use serde::Serialize;
+use xshell::{cmd, Shell};
+
+use crate::env;
+use crate::release::verify::{self, Source};
+use crate::version::dist_file_stem;
+use crate::Workspace;
+
+/// The lock file of the Python build tools (maturin, auditwheel), with hashes.
+pub const BUILD_REQUIREMENTS: &str = "xtask/requirements-build.txt";
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Built {
+    pub wheel: PathBuf,
+    pub sdist: PathBuf,
+    /// Tool name -> version line.
+    pub tools: BTreeMap<String, String>,
+    /// What made the build reproducible, for the manifest.
+    pub settings: BuildSettings,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildSettings {
+    pub source_date_epoch: i64,
+    pub compatibility: String,
+    pub target_arch: String,
+    pub path_prefixes_remapped_to: Vec<String>,
+    pub cargo_locked: bool,
+    pub maturin_sbom: bool,
+}
+
+pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Built> {
+    let project = ws.wheel_project_dir();
+    preflight(ws, &project)?;
+    let (compatibility, target_arch) = ws.config.baseline.manylinux()?;
+    let host_arch = std::env::consts::ARCH;
+    if host_arch != target_arch {
+        bail!("this host is {host_arch}, the release wheel is {target_arch}: build on an {target_arch} host");
+    }
+
+    let venv = tools_venv(sh, ws)?;
+    let maturin = venv.join("bin").join("maturin");
+    let stage = ws.scratch_dir().join("stage").join(&source.tag);
+    if stage.exists() {
+        fs::remove_dir_all(&stage)?;
+    }
+    fs::create_dir_all(&stage)?;
+
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
+    let cargo_home = std::env::var("CARGO_HOME").unwrap_or_else(|_| format!("{home}/.cargo"));
+    let rustup_home = std::env::var("RUSTUP_HOME").unwrap_or_else(|_| format!("{home}/.rustup"));
+    // rustc applies the last matching prefix: the workspace (which holds the target dir) last.
+    let remaps = [
+        (cargo_home, "/cargo"),
+        (rustup_home, "/rustup"),
+        (ws.root.display().to_string(), "/src"),
+    ];
+    let rustflags: Vec<String> = remaps
+        .iter()
+        .map(|(from, to)| format!("--remap-path-prefix={from}={to}"))
+        .collect();
+
+    let _env = [
+        sh.push_env("SOURCE_DATE_EPOCH", source.commit_time.to_string()),
+        sh.push_env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\x1f")),
+        sh.push_env("CARGO_TARGET_DIR", ws.scratch_dir().join("cargo-target")),
+        sh.push_env("CARGO_INCREMENTAL", "0"),
+    ];
+    let _dir = sh.push_dir(&project);
+    cmd!(sh, "{maturin} sdist --out {stage}")
+        .env_remove("RUSTFLAGS")
+        .run()
+        .context("cannot build the sdist (maturin sdist)")?;
+    cmd!(
+        sh,
+        "{maturin} build --release --locked --compatibility {compatibility} --out {stage}"
+    )
+    .env_remove("RUSTFLAGS")
+    .run()
+    .context("cannot build the wheel (maturin build)")?;
+
+    let (wheel, sdist) = collect(ws, &stage, &source.version)?;
+    let dist = ws.dist_dir(&source.tag);
+    if dist.exists() {
+        fs::remove_dir_all(&dist)?;
+    }
+    fs::create_dir_all(&dist)?;
+    let wheel = move_into(&wheel, &dist)?;
+    let sdist = move_into(&sdist, &dist)?;
+
+    let mut tools = BTreeMap::new();
+    tools.insert("rustc".to_owned(), cmd!(sh, "rustc -V").quiet().read()?);
+    tools.insert("cargo".to_owned(), cmd!(sh, "cargo -V").quiet().read()?);
+    tools.insert(
+        "maturin".to_owned(),
+        cmd!(sh, "{maturin} --version").quiet().read()?,
+    );
+    let python = venv.join("bin").join("python");
+    tools.insert(
+        "python (build tools)".to_owned(),
+        cmd!(sh, "{python} --version").quiet().read()?,
+    );
+
+    Ok(Built {
+        wheel,
+        sdist,
+        tools,
+        settings: BuildSettings {
+            source_date_epoch: source.commit_time,
+            compatibility,
+            target_arch,
+            path_prefixes_remapped_to: remaps.iter().map(|(_, to)| to.to_string()).collect(),
+            cargo_locked: true,
+            maturin_sbom: false,
+        },
+    })
+}
+
+/// What must hold of the sources before maturin runs.
+fn preflight(ws: &Workspace, project: &Path) -> anyhow::Result<()> {
+    let pyproject = verify::wheel_pyproject(project)?;
+    if pyproject.sbom_rust != Some(false) || pyproject.sbom_auditwheel != Some(false) {
+        bail!(
+            "maturin would embed an SBOM (a random serial number and a timestamp: no two builds \
+             alike). Add to {}/pyproject.toml:\n\n    [tool.maturin.sbom]\n    rust = false\n    \
+             auditwheel = false\n",
+            ws.config.wheel.project_dir
+        );
+    }
+    Ok(())
+}
+
+/// The one wheel and the one sdist in `stage`, with the names the release expects.
+fn collect(ws: &Workspace, stage: &Path, version: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let stem = dist_file_stem(&ws.config.distribution);
+    let platform = &ws.config.baseline.wheel_platform;
+    let mut wheels = Vec::new();
+    let mut sdists = Vec::new();
+    for entry in fs::read_dir(stage)? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if name.ends_with(".whl") {
+            wheels.push((path, name));
+        } else if name.ends_with(".tar.gz") {
+            sdists.push((path, name));
+        }
+    }
+    let [(wheel, wheel_name)] = &wheels[..] else {
+        bail!(
+            "expected one wheel in {}, found {}",
+            stage.display(),
+            wheels.len()
+        );
+    };
+    let [(sdist, sdist_name)] = &sdists[..] else {
+        bail!(
+            "expected one sdist in {}, found {}",
+            stage.display(),
+            sdists.len()
+        );
+    };
+    if !wheel_name.starts_with(&format!("{stem}-{version}-"))
+        || !wheel_name.ends_with(&format!("-{platform}.whl"))
+    {
+        bail!(
+            "maturin built {wheel_name}, expected {stem}-{version}-<python>-<abi>-{platform}.whl"
+        );
+    }
+    if *sdist_name != format!("{stem}-{version}.tar.gz") {
+        bail!("maturin built {sdist_name}, expected {stem}-{version}.tar.gz");
+    }
+    Ok((wheel.clone(), sdist.clone()))
+}
+
+fn move_into(file: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
+    let to = dir.join(
+        file.file_name()
+            .ok_or_else(|| format_err!("no file name"))?,
+    );
+    fs::rename(file, &to).or_else(|_| fs::copy(file, &to).map(drop))?;
+    Ok(to)
+}
+
+/// The venv of the Python build tools, installed from the hash-locked requirements; rebuilt when
+/// the lock file changes.
+pub fn tools_venv(sh: &Shell, ws: &Workspace) -> anyhow::Result<PathBuf> {
+    let lock = ws.root.join(BUILD_REQUIREMENTS);
+    let text = fs::read(&lock).with_context(|| format!("cannot read {}", lock.display()))?;
+    let want = crate::release::checksums::sha256_bytes(&text);
+    let venv = ws.scratch_dir().join("tools-venv");
+    let stamp = venv.join(".requirements.sha256");
+    if fs::read_to_string(&stamp).ok().as_deref() == Some(want.as_str()) {
+        return Ok(venv);
+    }
+    if venv.exists() {
+        fs::remove_dir_all(&venv)?;
+    }
+    let python = env::var(env::XTASK_PYTHON).unwrap_or_else(|| "python3".to_owned());
+    cmd!(sh, "{python} -m venv {venv}").run().with_context(|| {
+        format!(
+            "cannot create the build-tools venv with {python}: install python3-venv or set {}",
+            env::XTASK_PYTHON
+        )
+    })?;
+    let pip = venv.join("bin").join("pip");
+    cmd!(sh, "{pip} install --quiet --disable-pip-version-check --no-input --require-hashes --only-binary=:all: -r {lock}")
+        .run()
+        .with_context(|| format!("cannot install the locked build tools ({BUILD_REQUIREMENTS})"))?;
+    fs::write(&stamp, want)?;
+    Ok(venv)
+}

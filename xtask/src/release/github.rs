@@ -1,0 +1,481 @@
+//! Phase `publish GitHub`: the release for the tag, as a draft, its assets compared by digest,
+//! then published. Safe to re-run:
+//!
+//! 1. the tag on GitHub must name the commit we built (GitHub would otherwise create or keep a
+//!    tag elsewhere; a pushed tag is never moved);
+//! 2. find the release for the tag (drafts included, so list rather than `get_by_tag`), or
+//!    create it as a draft;
+//! 3. for each file: an asset with the same name and digest is skipped; one with another digest
+//!    stops the release (never clobbered); a `starter` asset left by a failed upload is deleted;
+//!    a missing one is uploaded;
+//! 4. publish the draft.
+//!
+//! Every call is retried with backoff on 5xx, 429 and rate limits, and on transport errors.
+
+use std::future::Future;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, format_err, Context};
+use octocrab::models::repos::{Asset, Object, Release};
+use octocrab::params::repos::Reference;
+use octocrab::Octocrab;
+
+use crate::env;
+use crate::phase::fmt_duration;
+use crate::release::checksums::{sha256_file, Manifest};
+use crate::release::ledger::Place;
+use crate::release::verify::Source;
+use crate::Workspace;
+
+#[derive(Debug)]
+pub struct Published {
+    pub html_url: String,
+    pub uploaded: Vec<String>,
+    pub identical: Vec<String>,
+}
+
+impl Published {
+    pub fn summary(&self) -> String {
+        format!(
+            "{} uploaded, {} already identical: {}",
+            self.uploaded.len(),
+            self.identical.len(),
+            self.html_url
+        )
+    }
+
+    pub fn place(&self) -> Place {
+        Place {
+            name: "GitHub Releases".to_owned(),
+            url: self.html_url.clone(),
+        }
+    }
+}
+
+/// Where and how to talk to GitHub.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub api_url: String,
+    pub owner: String,
+    pub repo: String,
+    /// First retry delay; doubles each time.
+    pub backoff: Duration,
+    pub attempts: u32,
+}
+
+impl Target {
+    pub fn from_env(ws: &Workspace) -> Target {
+        let (owner, repo) = ws.config.github_owner_repo();
+        Target {
+            api_url: env::var(env::GITHUB_API_URL)
+                .unwrap_or_else(|| "https://api.github.com".to_owned()),
+            owner: owner.to_owned(),
+            repo: repo.to_owned(),
+            backoff: Duration::from_secs(2),
+            attempts: 5,
+        }
+    }
+}
+
+pub fn publish(
+    ws: &Workspace,
+    source: &Source,
+    dist: &Path,
+    manifest: &Manifest,
+) -> anyhow::Result<Published> {
+    let token = env::var(env::GITHUB_TOKEN).ok_or_else(|| {
+        format_err!(
+            "{} is not set: publishing needs a token that may write releases of {} (a fine-grained \
+             token with `Contents: write`, or `permissions: contents: write` in GitHub Actions). \
+             Use --dry-run to stop before publishing.",
+            env::GITHUB_TOKEN,
+            ws.config.github.repository
+        )
+    })?;
+    let files: Vec<_> = manifest.upload_files.iter().map(|f| dist.join(f)).collect();
+    publish_files(
+        &Target::from_env(ws),
+        &token,
+        &source.tag,
+        &source.commit,
+        &files,
+    )
+}
+
+/// Publishes `files` as the assets of the release of `tag`, which must be `commit` on GitHub.
+pub fn publish_files(
+    target: &Target,
+    token: &str,
+    tag: &str,
+    commit: &str,
+    files: &[impl AsRef<Path>],
+) -> anyhow::Result<Published> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let crab = Octocrab::builder()
+            .personal_token(token.to_owned())
+            .base_uri(target.api_url.as_str())
+            .with_context(|| {
+                format!(
+                    "{} = {:?} is not a URL",
+                    env::GITHUB_API_URL,
+                    target.api_url
+                )
+            })?
+            .set_connect_timeout(Some(Duration::from_secs(30)))
+            .set_read_timeout(Some(Duration::from_secs(300)))
+            .build()?;
+        Publisher { crab, target }.run(tag, commit, files).await
+    })
+}
+
+struct Publisher<'a> {
+    crab: Octocrab,
+    target: &'a Target,
+}
+
+impl Publisher<'_> {
+    async fn run(
+        &self,
+        tag: &str,
+        commit: &str,
+        files: &[impl AsRef<Path>],
+    ) -> anyhow::Result<Published> {
+        self.check_tag(tag, commit).await?;
+        let mut release = match self.find_release(tag).await? {
+            Some(r) => {
+                eprintln!(
+                    "    release {tag} exists (id {}, {})",
+                    r.id,
+                    if r.draft { "draft" } else { "published" }
+                );
+                r
+            }
+            None => {
+                eprintln!("    creating draft release {tag}");
+                let (o, r) = (&self.target.owner, &self.target.repo);
+                self.retry("create release", || async {
+                    self.crab
+                        .repos(o, r)
+                        .releases()
+                        .create(tag)
+                        .target_commitish(commit)
+                        .name(tag)
+                        .body(&format!("Release {tag}. SHA256 sums: `sha256.sum`; build record: `dist-manifest.json`."))
+                        .draft(true)
+                        .send()
+                        .await
+                })
+                .await?
+            }
+        };
+
+        let mut uploaded = Vec::new();
+        let mut identical = Vec::new();
+        for file in files {
+            let path = file.as_ref();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .ok_or_else(|| format_err!("bad file {path:?}"))?;
+            let (sha, size) = sha256_file(path)?;
+            let assets = self.assets(release.id.into_inner()).await?;
+            match assets.iter().find(|a| a.name == name) {
+                Some(a) if a.state == "uploaded" => {
+                    let theirs = a.digest.as_deref().and_then(|d| d.strip_prefix("sha256:"));
+                    match theirs {
+                        Some(d) if d == sha => {
+                            eprintln!("    {name}: already on the release, identical");
+                            identical.push(name.to_owned());
+                            continue;
+                        }
+                        Some(d) => bail!(
+                            "release {tag} already has {name} with sha256 {d}, but ours is {sha}: \
+                             not overwriting. The release holds other bytes under this name; if \
+                             they are wrong, delete the asset on GitHub by hand and re-run (an \
+                             immutable release cannot change: cut a .postN release instead)."
+                        ),
+                        None => bail!(
+                            "release {tag} has {name} but GitHub reports no digest for it: \
+                             compare it by hand with sha256 {sha}, delete it if it differs, re-run"
+                        ),
+                    }
+                }
+                Some(a) => {
+                    eprintln!(
+                        "    {name}: removing an incomplete upload (state {})",
+                        a.state
+                    );
+                    let id = a.id.into_inner();
+                    let (o, r) = (&self.target.owner, &self.target.repo);
+                    self.retry("delete incomplete asset", || async {
+                        self.crab.repos(o, r).release_assets().delete(id).await
+                    })
+                    .await?;
+                }
+                None => {}
+            }
+            if !release.draft && release.immutable == Some(true) {
+                bail!(
+                    "release {tag} is published and immutable but lacks {name}: assets can no \
+                     longer be added. Cut a .postN release."
+                );
+            }
+            let asset = self
+                .upload(release.id.into_inner(), name, path, size)
+                .await?;
+            match asset
+                .digest
+                .as_deref()
+                .and_then(|d| d.strip_prefix("sha256:"))
+            {
+                Some(d) if d != sha => bail!(
+                    "GitHub stored {name} with sha256 {d}, we sent {sha}: the upload was corrupted"
+                ),
+                _ => uploaded.push(name.to_owned()),
+            }
+        }
+
+        if release.draft {
+            let id = release.id.into_inner();
+            let (o, r) = (&self.target.owner, &self.target.repo);
+            release = self
+                .retry("publish release", || async {
+                    self.crab
+                        .repos(o, r)
+                        .releases()
+                        .update(id)
+                        .draft(false)
+                        .send()
+                        .await
+                })
+                .await?;
+            eprintln!("    published release {tag}");
+        }
+        Ok(Published {
+            html_url: release.html_url.to_string(),
+            uploaded,
+            identical,
+        })
+    }
+
+    /// The tag exists on GitHub and names our commit (through an annotated tag object too).
+    async fn check_tag(&self, tag: &str, commit: &str) -> anyhow::Result<()> {
+        let (o, r) = (&self.target.owner, &self.target.repo);
+        let repos = self.crab.repos(o, r);
+        let reference = Reference::Tag(tag.to_owned());
+        let found = match self
+            .retry_raw("get tag", || repos.get_ref(&reference))
+            .await
+        {
+            Ok(found) => found,
+            Err(e) if status(&e) == Some(404) => bail!(
+                "tag {tag} is not on GitHub ({o}/{r}): push it first (`git push origin {tag}`); \
+                 the release is never created from a tag GitHub would make itself"
+            ),
+            Err(e) => return Err(describe(e, "get tag")),
+        };
+        let sha = match found.object {
+            Object::Commit { sha, .. } => sha,
+            Object::Tag { sha, .. } => {
+                let t = self
+                    .retry("get tag object", || repos.get_tag(sha.clone()))
+                    .await?;
+                t.object
+                    .map(|o| o.sha)
+                    .ok_or_else(|| format_err!("tag object of {tag} names nothing"))?
+            }
+            other => bail!("tag {tag} on GitHub names {other:?}, not a commit"),
+        };
+        if sha != commit {
+            bail!(
+                "tag {tag} on GitHub is commit {sha}, but we built {commit}: the local tag and \
+                 GitHub's differ. Fetch the tag (`git fetch --tags --force`) and build from it."
+            );
+        }
+        Ok(())
+    }
+
+    async fn find_release(&self, tag: &str) -> anyhow::Result<Option<Release>> {
+        let (o, r) = (&self.target.owner, &self.target.repo);
+        for page in 1u32.. {
+            let releases = self
+                .retry("list releases", || async {
+                    self.crab
+                        .repos(o, r)
+                        .releases()
+                        .list()
+                        .per_page(100)
+                        .page(page)
+                        .send()
+                        .await
+                })
+                .await?;
+            let n = releases.items.len();
+            if let Some(found) = releases.items.into_iter().find(|rel| rel.tag_name == tag) {
+                return Ok(Some(found));
+            }
+            if n < 100 {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
+    async fn assets(&self, release_id: u64) -> anyhow::Result<Vec<Asset>> {
+        let (o, r) = (&self.target.owner, &self.target.repo);
+        let mut all = Vec::new();
+        for page in 1u32.. {
+            let items = self
+                .retry("list assets", || async {
+                    self.crab
+                        .repos(o, r)
+                        .releases()
+                        .assets(release_id)
+                        .per_page(100)
+                        .page(page)
+                        .send()
+                        .await
+                })
+                .await?
+                .items;
+            let n = items.len();
+            all.extend(items);
+            if n < 100 {
+                break;
+            }
+        }
+        Ok(all)
+    }
+
+    /// Uploads one file; a failed attempt that left a `starter` asset is cleaned up before the
+    /// next one.
+    async fn upload(
+        &self,
+        release_id: u64,
+        name: &str,
+        path: &Path,
+        size: u64,
+    ) -> anyhow::Result<Asset> {
+        let bytes = bytes::Bytes::from(std::fs::read(path)?);
+        let (o, r) = (&self.target.owner, &self.target.repo);
+        let mut delay = self.target.backoff;
+        for attempt in 1..=self.target.attempts {
+            eprint!("    {name}: uploading {size} bytes (attempt {attempt})… ");
+            let started = Instant::now();
+            let result = self
+                .crab
+                .repos(o, r)
+                .releases()
+                .upload_asset(release_id, name, bytes.clone())
+                .send()
+                .await;
+            match result {
+                Ok(asset) => {
+                    let t = started.elapsed();
+                    let rate = size as f64 / t.as_secs_f64().max(1e-6) / 1e6;
+                    eprintln!("done in {} ({rate:.1} MB/s)", fmt_duration(t));
+                    return Ok(asset);
+                }
+                Err(e) if transient(&e) && attempt < self.target.attempts => {
+                    eprintln!("{}; retrying in {}", short(&e), fmt_duration(delay));
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    for a in self.assets(release_id).await? {
+                        if a.name == name && a.state != "uploaded" {
+                            let id = a.id.into_inner();
+                            self.retry("delete incomplete asset", || async {
+                                self.crab.repos(o, r).release_assets().delete(id).await
+                            })
+                            .await?;
+                        }
+                    }
+                }
+                Err(e) => {
+                    eprintln!("failed");
+                    return Err(describe(e, &format!("upload {name}")));
+                }
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    async fn retry<T, F, Fut>(&self, what: &str, f: F) -> anyhow::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = octocrab::Result<T>>,
+    {
+        self.retry_raw(what, f).await.map_err(|e| describe(e, what))
+    }
+
+    async fn retry_raw<T, F, Fut>(&self, what: &str, mut f: F) -> octocrab::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = octocrab::Result<T>>,
+    {
+        let mut delay = self.target.backoff;
+        let mut attempt = 1;
+        loop {
+            match f().await {
+                Err(e) if transient(&e) && attempt < self.target.attempts => {
+                    eprintln!(
+                        "    {what}: {}; retrying in {}",
+                        short(&e),
+                        fmt_duration(delay)
+                    );
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+fn status(e: &octocrab::Error) -> Option<u16> {
+    match e {
+        octocrab::Error::GitHub { source, .. } => Some(source.status_code.as_u16()),
+        _ => None,
+    }
+}
+
+/// Worth another try: server errors, throttling, and anything that never got an answer.
+fn transient(e: &octocrab::Error) -> bool {
+    match e {
+        octocrab::Error::GitHub { source, .. } => {
+            let s = source.status_code.as_u16();
+            s >= 500
+                || s == 429
+                || (s == 403 && source.message.to_ascii_lowercase().contains("rate limit"))
+        }
+        octocrab::Error::Hyper { .. }
+        | octocrab::Error::Service { .. }
+        | octocrab::Error::Http { .. } => true,
+        _ => false,
+    }
+}
+
+fn short(e: &octocrab::Error) -> String {
+    match e {
+        octocrab::Error::GitHub { source, .. } => {
+            format!("HTTP {} {}", source.status_code.as_u16(), source.message)
+        }
+        other => other.to_string(),
+    }
+}
+
+fn describe(e: octocrab::Error, what: &str) -> anyhow::Error {
+    let hint = match status(&e) {
+        Some(401) => ": GITHUB_TOKEN was refused (expired or revoked?)",
+        Some(403) => {
+            ": GITHUB_TOKEN may not write releases of this repository (needs Contents: write)"
+        }
+        Some(404) => ": not found (wrong repository in release.toml, or the token cannot see it)",
+        _ => "",
+    };
+    format_err!("GitHub: {what} failed: {}{hint}", short(&e))
+}

@@ -1,0 +1,621 @@
+//! Phase `publish PyPI`: ask the index what it holds for this project, upload what is missing,
+//! skip what is identical, stop on a different file under the same name.
+//!
+//! The index is asked through the Simple API (PEP 691 JSON where served, PEP 503 HTML links
+//! with `#sha256=` otherwise), which PyPI and devpi both answer, so tests run the production
+//! code against devpi-server on loopback. Every file is compared before any is uploaded: a
+//! conflict stops the phase with nothing half-uploaded. Uploads use the legacy API
+//! (`:action=file_upload`, multipart) with the file's own metadata. Credentials: trusted
+//! publishing (OIDC) when GitHub Actions offers an ID token, else `PYPI_API_TOKEN`. Tokens are
+//! never printed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, format_err, Context};
+use base64::Engine;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+use xshell::{cmd, Shell};
+
+use crate::env;
+use crate::release::checksums::{sha256_file, Manifest};
+use crate::release::file_name;
+use crate::release::ledger::Place;
+use crate::version::normalize_name;
+use crate::Workspace;
+
+#[derive(Debug)]
+pub struct Published {
+    pub project_url: String,
+    pub uploaded: Vec<String>,
+    pub identical: Vec<String>,
+}
+
+impl Published {
+    pub fn summary(&self) -> String {
+        format!(
+            "{} uploaded, {} already identical: {}",
+            self.uploaded.len(),
+            self.identical.len(),
+            self.project_url
+        )
+    }
+
+    pub fn place(&self) -> Place {
+        Place {
+            name: "PyPI".to_owned(),
+            url: self.project_url.clone(),
+        }
+    }
+}
+
+/// An index: where to upload, where to ask.
+#[derive(Debug, Clone)]
+pub struct Index {
+    /// Legacy upload endpoint, e.g. `https://upload.pypi.org/legacy/`.
+    pub upload_url: String,
+    /// Simple API root, e.g. `https://pypi.org/simple/`.
+    pub simple_url: String,
+}
+
+/// HTTP Basic credentials for uploads. `Debug` hides the password.
+#[derive(Clone)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Credentials {{ username: {:?}, password: <hidden> }}",
+            self.username
+        )
+    }
+}
+
+/// One file to publish, with the metadata fields the upload form carries.
+#[derive(Debug, Clone)]
+pub struct Upload {
+    pub path: PathBuf,
+    /// `(field, value)` in form order; repeated fields (classifiers, requires_dist) repeat.
+    pub fields: Vec<(String, String)>,
+}
+
+pub fn publish(
+    sh: &Shell,
+    ws: &Workspace,
+    dist: &Path,
+    manifest: &Manifest,
+    tools_venv: &Path,
+) -> anyhow::Result<Published> {
+    let index = Index {
+        upload_url: env::var(env::PYPI_REPOSITORY_URL)
+            .unwrap_or_else(|| ws.config.pypi.repository_url.clone()),
+        simple_url: env::var(env::PYPI_INDEX_URL)
+            .unwrap_or_else(|| ws.config.pypi.index_url.clone()),
+    };
+    let mut uploads = Vec::new();
+    for a in manifest.artifacts.values() {
+        if a.kind == "python-wheel" || a.kind == "source-tarball" {
+            uploads.push(read_upload(sh, tools_venv, &dist.join(&a.name))?);
+        }
+    }
+    let rt = runtime()?;
+    let credentials = rt.block_on(credentials(&index))?;
+    rt.block_on(publish_files(
+        &index,
+        &credentials,
+        &ws.config.distribution,
+        &uploads,
+    ))
+}
+
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Compares every file with the index, then uploads the missing ones.
+pub async fn publish_files(
+    index: &Index,
+    credentials: &Credentials,
+    project: &str,
+    uploads: &[Upload],
+) -> anyhow::Result<Published> {
+    let http = Http::new()?;
+    let project_url = format!(
+        "{}/{}/",
+        index.simple_url.trim_end_matches('/'),
+        normalize_name(project)
+    );
+    let existing = http.simple_files(&project_url).await?;
+
+    let mut plan = Vec::new();
+    let mut conflicts = Vec::new();
+    let mut identical = Vec::new();
+    for u in uploads {
+        let name = file_name(&u.path);
+        let (sha, _) = sha256_file(&u.path)?;
+        match existing.get(&name) {
+            Some(Some(theirs)) if *theirs == sha => identical.push(name),
+            Some(Some(theirs)) => conflicts.push(format!(
+                "{name}: the index has sha256 {theirs}, ours is {sha}"
+            )),
+            Some(None) => conflicts.push(format!(
+                "{name}: the index has it without a sha256 to compare"
+            )),
+            None => plan.push((u, name, sha)),
+        }
+    }
+    if !conflicts.is_empty() {
+        bail!(
+            "{project_url} already holds other bytes under our file names; nothing was uploaded:\n    {}\n\
+             Index files are immutable: if this build is not reproducible, find out why; to \
+             ship a fix, cut the next .postN release.",
+            conflicts.join("\n    ")
+        );
+    }
+    for name in &identical {
+        eprintln!("    {name}: already on the index, identical");
+    }
+    let mut uploaded = Vec::new();
+    for (u, name, sha) in plan {
+        let bytes = std::fs::read(&u.path)?;
+        eprint!("    {name}: uploading {} bytes… ", bytes.len());
+        match http
+            .upload(index, credentials, u, &name, &sha, bytes)
+            .await?
+        {
+            UploadOutcome::Uploaded => {
+                eprintln!("done");
+                uploaded.push(name);
+            }
+            UploadOutcome::AlreadyExists(reason) => {
+                // Raced with another upload, or an index that answers 400 for duplicates: ask.
+                eprintln!("the index says: {reason}");
+                match http.simple_files(&project_url).await?.get(&name) {
+                    Some(Some(theirs)) if *theirs == sha => identical.push(name),
+                    other => bail!(
+                        "{name}: the index refused it ({reason}) and holds {}: not ours",
+                        other
+                            .cloned()
+                            .flatten()
+                            .map_or("no comparable file".to_owned(), |s| format!("sha256 {s}"))
+                    ),
+                }
+            }
+        }
+    }
+    Ok(Published {
+        project_url,
+        uploaded,
+        identical,
+    })
+}
+
+/// Trusted publishing when GitHub Actions offers an ID token, else `PYPI_API_TOKEN`.
+pub async fn credentials(index: &Index) -> anyhow::Result<Credentials> {
+    if let (Some(url), Some(token)) = (
+        env::var(env::ACTIONS_ID_TOKEN_REQUEST_URL),
+        env::var(env::ACTIONS_ID_TOKEN_REQUEST_TOKEN),
+    ) {
+        let minted = trusted_publishing(index, &url, &token).await?;
+        return Ok(Credentials {
+            username: "__token__".to_owned(),
+            password: minted,
+        });
+    }
+    match env::var(env::PYPI_API_TOKEN) {
+        Some(password) => Ok(Credentials {
+            username: env::var(env::PYPI_USERNAME).unwrap_or_else(|| "__token__".to_owned()),
+            password,
+        }),
+        None => bail!(
+            "no PyPI credentials: run in GitHub Actions with `permissions: id-token: write` and a \
+             trusted publisher configured for this project (trusted publishing), or set {} to an \
+             API token scoped to the project. Use --dry-run to stop before publishing.",
+            env::PYPI_API_TOKEN
+        ),
+    }
+}
+
+/// The OIDC exchange: audience from the index, ID token from GitHub, API token from the index.
+pub async fn trusted_publishing(
+    index: &Index,
+    id_token_url: &str,
+    id_token_request_token: &str,
+) -> anyhow::Result<String> {
+    let http = Http::new()?;
+    let host = origin(&index.upload_url)?;
+    let (status, body) = http
+        .request("GET", &format!("{host}/_/oidc/audience"), &[], Vec::new())
+        .await?;
+    if status == 404 {
+        bail!(
+            "{host} does not offer trusted publishing (no /_/oidc/audience): set {} instead",
+            env::PYPI_API_TOKEN
+        );
+    }
+    #[derive(Deserialize)]
+    struct Audience {
+        audience: String,
+    }
+    let audience: Audience = json_ok("trusted publishing: audience", status, &body)?;
+    let sep = if id_token_url.contains('?') { '&' } else { '?' };
+    let url = format!("{id_token_url}{sep}audience={}", audience.audience);
+    let auth = format!("bearer {id_token_request_token}");
+    let (status, body) = http
+        .request("GET", &url, &[("authorization", &auth)], Vec::new())
+        .await?;
+    #[derive(Deserialize)]
+    struct IdToken {
+        value: String,
+    }
+    let jwt: IdToken = json_ok("trusted publishing: GitHub ID token", status, &body)?;
+    let req = serde_json::json!({ "token": jwt.value })
+        .to_string()
+        .into_bytes();
+    let (status, body) = http
+        .request(
+            "POST",
+            &format!("{host}/_/oidc/mint-token"),
+            &[("content-type", "application/json")],
+            req,
+        )
+        .await?;
+    #[derive(Deserialize)]
+    struct Minted {
+        token: String,
+    }
+    if status != 200 {
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let errors: Vec<String> = v["errors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e["code"].as_str().unwrap_or("?"),
+                    e["description"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        bail!(
+            "trusted publishing: {host} refused the GitHub ID token (HTTP {status}): {}. Check the \
+             project's trusted publisher (owner, repository, workflow file, environment).",
+            errors.join("; ")
+        );
+    }
+    let minted: Minted = json_ok("trusted publishing: mint token", status, &body)?;
+    Ok(minted.token)
+}
+
+fn json_ok<T: serde::de::DeserializeOwned>(
+    what: &str,
+    status: u16,
+    body: &[u8],
+) -> anyhow::Result<T> {
+    if status != 200 {
+        bail!("{what}: HTTP {status}");
+    }
+    serde_json::from_slice(body).with_context(|| format!("{what}: unexpected answer"))
+}
+
+fn origin(url: &str) -> anyhow::Result<String> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format_err!("{url:?} is not a URL"))?;
+    Ok(format!(
+        "{scheme}://{}",
+        rest.split('/').next().unwrap_or_default()
+    ))
+}
+
+// --- the file's metadata --------------------------------------------------------------------
+
+/// Reads a wheel's `METADATA` or an sdist's `PKG-INFO` into upload form fields (what twine
+/// sends), with the interpreter of the build-tools venv.
+pub fn read_upload(sh: &Shell, tools_venv: &Path, path: &Path) -> anyhow::Result<Upload> {
+    const READ: &str = include_str!("metadata.py");
+    let python = tools_venv.join("bin").join("python");
+    let out = cmd!(sh, "{python} -I -c {READ} {path}")
+        .quiet()
+        .read()
+        .with_context(|| format!("cannot read the metadata of {}", path.display()))?;
+    let fields: Vec<(String, String)> = serde_json::from_str(&out)?;
+    Ok(Upload {
+        path: path.to_path_buf(),
+        fields,
+    })
+}
+
+// --- HTTP -----------------------------------------------------------------------------------
+
+enum UploadOutcome {
+    Uploaded,
+    AlreadyExists(String),
+}
+
+type Body = Full<bytes::Bytes>;
+
+struct Http {
+    client: Client<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+        Body,
+    >,
+}
+
+impl Http {
+    fn new() -> anyhow::Result<Http> {
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_native_roots()
+            .context("cannot load the system's root certificates")?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Ok(Http {
+            client: Client::builder(TokioExecutor::new()).build(https),
+        })
+    }
+
+    /// One request, retried with backoff on 5xx, 429 and transport errors. Redirects are not
+    /// followed (an index that redirects an upload is misconfigured).
+    async fn request(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Vec<u8>,
+    ) -> anyhow::Result<(u16, Vec<u8>)> {
+        let mut delay = Duration::from_millis(500);
+        let body = bytes::Bytes::from(body);
+        for attempt in 1..=5 {
+            let mut req = http::Request::builder()
+                .method(method)
+                .uri(url)
+                .header("user-agent", "mooncake-xtask");
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            let req = req
+                .body(Full::new(body.clone()))
+                .with_context(|| format!("bad request to {url}"))?;
+            let result =
+                tokio::time::timeout(Duration::from_secs(600), self.client.request(req)).await;
+            let retry_reason = match result {
+                Ok(Ok(resp)) => {
+                    let status = resp.status().as_u16();
+                    let bytes = resp
+                        .into_body()
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes().to_vec());
+                    match bytes {
+                        Ok(b) if status >= 500 || status == 429 => {
+                            format!("HTTP {status}: {}", snippet(&b))
+                        }
+                        Ok(b) => return Ok((status, b)),
+                        Err(e) => format!("reading the answer failed: {e}"),
+                    }
+                }
+                Ok(Err(e)) => format!("{e}"),
+                Err(_) => "no answer in 600 s".to_owned(),
+            };
+            if attempt == 5 {
+                bail!("{method} {url}: {retry_reason} (gave up after {attempt} attempts)");
+            }
+            eprintln!(
+                "    {method} {url}: {retry_reason}; retrying in {} ms",
+                delay.as_millis()
+            );
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+        unreachable!()
+    }
+
+    /// File name -> sha256 (when the index gives one) of everything the index has for a project.
+    async fn simple_files(
+        &self,
+        project_url: &str,
+    ) -> anyhow::Result<BTreeMap<String, Option<String>>> {
+        let accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1";
+        let (status, body) = self
+            .request("GET", project_url, &[("accept", accept)], Vec::new())
+            .await?;
+        match status {
+            200 => parse_simple(&body),
+            404 => Ok(BTreeMap::new()),
+            _ => bail!(
+                "cannot ask the index what it holds: GET {project_url}: HTTP {status}: {}",
+                snippet(&body)
+            ),
+        }
+    }
+
+    async fn upload(
+        &self,
+        index: &Index,
+        credentials: &Credentials,
+        u: &Upload,
+        name: &str,
+        sha: &str,
+        bytes: Vec<u8>,
+    ) -> anyhow::Result<UploadOutcome> {
+        let boundary = format!("xtask-{}", &sha[..32]);
+        let mut fields = vec![
+            (":action".to_owned(), "file_upload".to_owned()),
+            ("protocol_version".to_owned(), "1".to_owned()),
+        ];
+        fields.extend(u.fields.iter().cloned());
+        fields.push(("sha256_digest".to_owned(), sha.to_owned()));
+        let body = multipart(&boundary, &fields, name, &bytes);
+        let auth = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{}", credentials.username, credentials.password))
+        );
+        let ct = format!("multipart/form-data; boundary={boundary}");
+        let (status, answer) = self
+            .request(
+                "POST",
+                &index.upload_url,
+                &[("content-type", &ct), ("authorization", &auth)],
+                body,
+            )
+            .await?;
+        let text = snippet(&answer);
+        match status {
+            200 | 201 => Ok(UploadOutcome::Uploaded),
+            409 => Ok(UploadOutcome::AlreadyExists(format!("HTTP 409 {text}"))),
+            400 if text.to_ascii_lowercase().contains("already exist") => {
+                Ok(UploadOutcome::AlreadyExists(format!("HTTP 400 {text}")))
+            }
+            401 | 403 => bail!(
+                "{}: upload of {name} refused (HTTP {status}): the credentials are invalid or may not \
+                 upload to this project. {text}",
+                index.upload_url
+            ),
+            _ => bail!("{}: upload of {name} failed: HTTP {status} {text}", index.upload_url),
+        }
+    }
+}
+
+fn snippet(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    text.chars().take(300).collect()
+}
+
+/// The body of a `multipart/form-data` upload.
+pub fn multipart(
+    boundary: &str,
+    fields: &[(String, String)],
+    file_name: &str,
+    content: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(content.len() + 4096);
+    for (k, v) in fields {
+        out.extend_from_slice(
+            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}\r\n")
+                .as_bytes(),
+        );
+    }
+    out.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"content\"; filename=\"{file_name}\"\r\n\
+             Content-Type: application/octet-stream\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    out.extend_from_slice(content);
+    out.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    out
+}
+
+/// A Simple API project page: PEP 691 JSON, or PEP 503 HTML whose links carry `#sha256=`.
+pub fn parse_simple(body: &[u8]) -> anyhow::Result<BTreeMap<String, Option<String>>> {
+    let text = String::from_utf8_lossy(body);
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+        let files = v["files"]
+            .as_array()
+            .ok_or_else(|| format_err!("Simple API JSON without `files`"))?;
+        return Ok(files
+            .iter()
+            .filter_map(|f| {
+                Some((
+                    f["filename"].as_str()?.to_owned(),
+                    f["hashes"]["sha256"].as_str().map(str::to_owned),
+                ))
+            })
+            .collect());
+    }
+    let mut out = BTreeMap::new();
+    for a in text.split("<a ").skip(1) {
+        let Some(href) = a.split("href=\"").nth(1).and_then(|h| h.split('"').next()) else {
+            continue;
+        };
+        let (url, fragment) = href.split_once('#').unwrap_or((href, ""));
+        let name = url.rsplit('/').next().unwrap_or(url).to_owned();
+        let sha = fragment.strip_prefix("sha256=").map(str::to_owned);
+        out.insert(percent_decode(&name), sha);
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simple_pages_parse_in_both_formats() {
+        let html = br#"<html><body><a href="../../+f/abc/x-0.1.0-py3-none-any.whl#sha256=aaaa">x-0.1.0-py3-none-any.whl</a>
+            <a href="https://files/x-0.1.0.tar.gz#sha256=bbbb" data-requires-python="&gt;=3.9">x</a><a href="x%2B1.whl">n</a></body></html>"#;
+        let m = parse_simple(html).unwrap();
+        assert_eq!(m["x-0.1.0-py3-none-any.whl"].as_deref(), Some("aaaa"));
+        assert_eq!(m["x-0.1.0.tar.gz"].as_deref(), Some("bbbb"));
+        assert_eq!(m["x+1.whl"], None);
+        let json = br#"{"meta": {"api-version": "1.0"}, "name": "x", "files": [{"filename": "x-0.1.0.tar.gz", "url": "u", "hashes": {"sha256": "cccc"}}]}"#;
+        assert_eq!(
+            parse_simple(json).unwrap()["x-0.1.0.tar.gz"].as_deref(),
+            Some("cccc")
+        );
+    }
+
+    #[test]
+    fn multipart_bodies_carry_fields_and_the_file() {
+        let body = multipart(
+            "B",
+            &[
+                ("name".into(), "x".into()),
+                ("classifiers".into(), "A".into()),
+                ("classifiers".into(), "B".into()),
+            ],
+            "x.whl",
+            b"ZIP",
+        );
+        let text = String::from_utf8(body).unwrap();
+        assert!(
+            text.starts_with("--B\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nx\r\n")
+        );
+        assert_eq!(text.matches("name=\"classifiers\"").count(), 2);
+        assert!(text.ends_with(
+            "filename=\"x.whl\"\r\nContent-Type: application/octet-stream\r\n\r\nZIP\r\n--B--\r\n"
+        ));
+    }
+
+    #[test]
+    fn credentials_never_show_the_password() {
+        let c = Credentials {
+            username: "__token__".into(),
+            password: "pypi-secret".into(),
+        };
+        assert!(!format!("{c:?}").contains("pypi-secret"));
+    }
+}

@@ -1,0 +1,174 @@
+//! The whole pipeline on the real wheel, slow (two cold release builds: minutes), so ignored by
+//! default:
+//!
+//!     cargo test -p xtask --test reproducible -- --ignored --nocapture
+//!
+//! Two clones of one commit, at different paths, build with `release <tag> --dry-run` and
+//! `release <tag>`; their wheel, sdist, manifest and sums must be byte-identical. The second
+//! publishes to the GitHub Releases stand-in and devpi-server, then publishes again (a re-run
+//! that finds everything identical), and writes the ledger.
+//!
+//! Source: `$XTASK_REPRO_SOURCE` (a git repository, default this workspace) at HEAD; tag
+//! `$XTASK_REPRO_TAG` (default `v<workspace version>`), made in the clones if missing.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::devpi::start_devpi;
+use support::github_standin::{GitHubStandin, TagTarget};
+use support::xtask_in;
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@test.invalid")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+#[ignore = "two cold release builds (minutes): run with --ignored"]
+fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let source = std::env::var("XTASK_REPRO_SOURCE")
+        .map(PathBuf::from)
+        .unwrap_or(workspace);
+    let tag = std::env::var("XTASK_REPRO_TAG")
+        .unwrap_or_else(|_| format!("v{}", env!("CARGO_PKG_VERSION")));
+    let root = support::temp_dir("repro");
+    let (a, b) = (
+        root.join("first-clone"),
+        root.join("second/clone-at-another-path"),
+    );
+    std::fs::create_dir_all(b.parent().unwrap()).unwrap();
+    for dir in [&a, &b] {
+        git(
+            &root,
+            &[
+                "clone",
+                "--quiet",
+                "--no-local",
+                source.to_str().unwrap(),
+                dir.to_str().unwrap(),
+            ],
+        );
+        if git(dir, &["tag", "-l", &tag]).is_empty() {
+            git(dir, &["tag", &tag]);
+        }
+    }
+    let commit = git(&a, &["rev-parse", "HEAD"]);
+
+    let first = xtask_in(&a, &["release", &tag, "--dry-run"], &[]);
+    eprintln!("{}", first.stderr);
+    first.assert_ok();
+
+    let gh = GitHubStandin::start();
+    gh.tag(&tag, TagTarget::Commit(commit.clone()));
+    let devpi = start_devpi();
+    let index = devpi.index("release");
+    let env = [
+        ("GITHUB_API_URL", gh.url.as_str()),
+        ("GITHUB_TOKEN", "standin-token"),
+        ("PYPI_REPOSITORY_URL", index.upload_url.as_str()),
+        ("PYPI_INDEX_URL", index.simple_url.as_str()),
+        ("PYPI_USERNAME", devpi.user.as_str()),
+        ("PYPI_API_TOKEN", devpi.password.as_str()),
+    ];
+    let second = xtask_in(&b, &["release", &tag], &env);
+    eprintln!("{}", second.stderr);
+    second.assert_ok();
+    assert!(!second.stderr.contains(&devpi.password) && !second.stderr.contains("standin-token"));
+
+    let (fa, fb) = (
+        files(&a.join("target/dist").join(&tag)),
+        files(&b.join("target/dist").join(&tag)),
+    );
+    assert_eq!(fa.len(), 4);
+    for ((na, ba), (nb, bb)) in fa.iter().zip(&fb) {
+        assert_eq!(na, nb);
+        assert!(ba == bb, "{na} differs between the two clones");
+    }
+
+    let release = gh.release(&tag).unwrap();
+    assert!(!release.draft);
+    assert_eq!(release.assets.len(), 4);
+    for (name, bytes) in &fb {
+        assert_eq!(
+            &release
+                .assets
+                .iter()
+                .find(|x| &x.name == name)
+                .unwrap()
+                .bytes,
+            bytes
+        );
+    }
+    gh.assert_no_violations();
+    let ledger = std::fs::read_to_string(b.join("RELEASES.md")).unwrap();
+    assert!(
+        ledger.contains(&format!("<!-- release {tag} -->")) && ledger.contains(&commit),
+        "{ledger}"
+    );
+
+    // Re-publishing the same tag from the same checkout: identical everywhere, nothing uploaded.
+    let uploads_before = gh
+        .log()
+        .iter()
+        .filter(|l| l.contains("/assets?name="))
+        .count();
+    let again = xtask_in(&b, &["release", &tag], &env);
+    eprintln!("{}", again.stderr);
+    again.assert_ok();
+    assert!(
+        again.stderr.contains("0 uploaded, 4 already identical"),
+        "GitHub"
+    );
+    assert!(
+        again.stderr.contains("0 uploaded, 2 already identical"),
+        "PyPI"
+    );
+    assert!(again.stderr.contains("RELEASES.md already has this entry"));
+    assert_eq!(
+        gh.log()
+            .iter()
+            .filter(|l| l.contains("/assets?name="))
+            .count(),
+        uploads_before
+    );
+    assert_eq!(
+        std::fs::read_to_string(b.join("RELEASES.md")).unwrap(),
+        ledger
+    );
+
+    drop(devpi);
+    std::fs::remove_dir_all(&root).unwrap();
+}
