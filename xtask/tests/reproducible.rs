@@ -1,7 +1,7 @@
-//! The whole pipeline on the real wheel, slow (two cold release builds: minutes), so ignored by
-//! default:
+//! The whole pipeline on the real wheel: two cold release builds, minutes. Runs in the test
+//! suite (reproducibility is a release requirement); alone:
 //!
-//!     cargo test -p xtask --test reproducible -- --ignored --nocapture
+//!     cargo test -p xtask --test reproducible -- --nocapture
 //!
 //! Two clones of one commit, at different paths, build with `release <tag> --dry-run` and
 //! `release <tag>`; their wheel, sdist, manifest and sums must be byte-identical. The second
@@ -53,7 +53,6 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 #[test]
-#[ignore = "two cold release builds (minutes): run with --ignored"]
 fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
