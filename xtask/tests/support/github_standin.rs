@@ -14,9 +14,11 @@ use sha2::{Digest, Sha256};
 
 use super::openapi::Spec;
 
+/// GitHub's OpenAPI description of the releases API (a copy of the project's shared fixture,
+/// kept in the repository so a clean checkout tests against it).
 pub const OPENAPI: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/fixtures/github-releases-openapi.json"
+    "/tests/fixtures/github-releases-openapi.json"
 );
 
 #[derive(Clone)]
