@@ -6,6 +6,7 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BENCH="${BENCH:-$REPO/target/release/transfer_engine_bench}"
+export MC_LOG_LEVEL="${MC_LOG_LEVEL:-WARNING}"
 DURATION="${DURATION:-5}" BLOCK="${BLOCK:-4194304}" BATCH="${BATCH:-64}"
 [ -x "$BENCH" ] || { echo "demo: $BENCH not built; run: cargo build --release -p transfer-engine" >&2; exit 1; }
 
