@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -540,17 +540,6 @@ fn numa_node_of(addr: u64) -> Option<u32> {
         )
     };
     (rc == 0 && status[0] >= 0).then_some(status[0] as u32)
-}
-
-/// Waits for `batch` until `deadline` (used by callers with their own deadline).
-pub fn wait_until(batch: &Batch, deadline: Instant) -> Result<(), TransferError> {
-    batch.wait_deadline(deadline)
-}
-
-#[allow(dead_code)]
-fn _assert_send_sync() {
-    fn is<T: Send + Sync>() {}
-    is::<TransferEngine>();
 }
 
 impl std::fmt::Debug for TransferEngine {

@@ -80,7 +80,7 @@ fn devpi_publishes_standin_artifacts_idempotently_and_refuses_changed_bytes() {
         .unwrap();
     assert_eq!(out.uploaded.len(), 2, "{out:?}");
     assert!(out.identical.is_empty());
-    assert!(out.project_url.ends_with("/+simple/standin-dist/"));
+    assert!(out.place.url.ends_with("/+simple/standin-dist/"));
 
     // An identical re-publish uploads nothing.
     let again = rt

@@ -24,34 +24,9 @@ use octocrab::Octocrab;
 use crate::env;
 use crate::phase::fmt_duration;
 use crate::release::checksums::{sha256_file, Manifest};
-use crate::release::ledger::Place;
+use crate::release::ledger::{Place, Published};
 use crate::release::verify::Source;
 use crate::Workspace;
-
-#[derive(Debug)]
-pub struct Published {
-    pub html_url: String,
-    pub uploaded: Vec<String>,
-    pub identical: Vec<String>,
-}
-
-impl Published {
-    pub fn summary(&self) -> String {
-        format!(
-            "{} uploaded, {} already identical: {}",
-            self.uploaded.len(),
-            self.identical.len(),
-            self.html_url
-        )
-    }
-
-    pub fn place(&self) -> Place {
-        Place {
-            name: "GitHub Releases".to_owned(),
-            url: self.html_url.clone(),
-        }
-    }
-}
 
 /// Where and how to talk to GitHub.
 #[derive(Debug, Clone)]
@@ -256,7 +231,10 @@ impl Publisher<'_> {
             eprintln!("    published release {tag}");
         }
         Ok(Published {
-            html_url: release.html_url.to_string(),
+            place: Place {
+                name: "GitHub Releases".to_owned(),
+                url: release.html_url.to_string(),
+            },
             uploaded,
             identical,
         })

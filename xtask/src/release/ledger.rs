@@ -22,6 +22,29 @@ Written by `cargo xtask release <tag>`; check a download with `sha256sum -c sha2
 `cargo xtask verify <dir>`.
 ";
 
+/// What a publish phase did: where, and which files it uploaded or found already identical.
+#[derive(Debug)]
+pub struct Published {
+    pub place: Place,
+    pub uploaded: Vec<String>,
+    pub identical: Vec<String>,
+}
+
+impl Published {
+    pub fn summary(&self) -> String {
+        format!(
+            "{} uploaded, {} already identical: {}",
+            self.uploaded.len(),
+            self.identical.len(),
+            self.place.url
+        )
+    }
+
+    pub fn place(&self) -> Place {
+        self.place.clone()
+    }
+}
+
 /// Where a release was published, one line of the entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Place {

@@ -24,34 +24,9 @@ use xshell::{cmd, Shell};
 use crate::env;
 use crate::release::checksums::{sha256_file, Manifest};
 use crate::release::file_name;
-use crate::release::ledger::Place;
+use crate::release::ledger::{Place, Published};
 use crate::version::normalize_name;
 use crate::Workspace;
-
-#[derive(Debug)]
-pub struct Published {
-    pub project_url: String,
-    pub uploaded: Vec<String>,
-    pub identical: Vec<String>,
-}
-
-impl Published {
-    pub fn summary(&self) -> String {
-        format!(
-            "{} uploaded, {} already identical: {}",
-            self.uploaded.len(),
-            self.identical.len(),
-            self.project_url
-        )
-    }
-
-    pub fn place(&self) -> Place {
-        Place {
-            name: "PyPI".to_owned(),
-            url: self.project_url.clone(),
-        }
-    }
-}
 
 /// An index: where to upload, where to ask.
 #[derive(Debug, Clone)]
@@ -194,7 +169,10 @@ pub async fn publish_files(
         }
     }
     Ok(Published {
-        project_url,
+        place: Place {
+            name: "PyPI".to_owned(),
+            url: project_url,
+        },
         uploaded,
         identical,
     })

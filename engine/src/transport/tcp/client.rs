@@ -101,11 +101,6 @@ impl PeerLink {
     pub fn unreachable(&self) -> Option<String> {
         self.shared.recently_dead()
     }
-
-    /// Whether this link speaks v2 framing.
-    pub fn is_v2(&self) -> bool {
-        self.shared.v2
-    }
 }
 
 impl Drop for PeerLink {
