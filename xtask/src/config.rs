@@ -6,6 +6,8 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+use crate::images::reference::ImageRef;
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseConfig {
@@ -65,10 +67,80 @@ pub struct PyPi {
     pub index_url: String,
 }
 
-/// Serving images; the images issue fills this section.
+/// Serving images: where they are pushed, and each recipe with its base pinned by digest.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Images {}
+pub struct Images {
+    /// `host[:port]/path`: images are pushed as `<registry>/<name>:<version>`.
+    #[serde(default)]
+    pub registry: String,
+    #[serde(default, rename = "image")]
+    pub images: Vec<ImageRecipe>,
+}
+
+/// One `[[images.image]]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageRecipe {
+    /// Repository name under `images.registry`, e.g. `vllm-musa`.
+    pub name: String,
+    /// Directory (relative to the workspace) holding the `Dockerfile`.
+    pub recipe: String,
+    /// `host/path:tag@sha256:<hex>`. The tag says what was pinned; the digest is what is built
+    /// from. `cargo xtask pin-base` fills in the digest; nothing is built while it is missing.
+    pub base: String,
+    /// A hash-locked requirements file in the recipe directory whose wheels are fetched into
+    /// the build context (the build itself reaches no index).
+    #[serde(default)]
+    pub requirements: Option<String>,
+}
+
+impl Images {
+    pub fn get(&self, name: &str) -> Option<&ImageRecipe> {
+        self.images.iter().find(|i| i.name == name)
+    }
+
+    /// `<registry>/<name>:<version>`.
+    pub fn target(&self, image: &ImageRecipe, version: &str) -> anyhow::Result<ImageRef> {
+        ImageRef::parse(&format!(
+            "{}/{}:{version}",
+            self.registry.trim_end_matches('/'),
+            image.name
+        ))
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.images.is_empty() {
+            return Ok(());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for image in &self.images {
+            let n = &image.name;
+            if n.is_empty()
+                || !n
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            {
+                bail!("[[images.image]] name = {n:?}: use lowercase letters, digits and `-`");
+            }
+            if !seen.insert(n) {
+                bail!("[[images.image]] name = {n:?} appears twice");
+            }
+            ImageRef::parse(&image.base).with_context(|| format!("[[images.image]] {n}: base"))?;
+            if let Some(r) = &image.requirements {
+                if r.contains('/') || r.is_empty() {
+                    bail!(
+                        "[[images.image]] {n}: requirements = {r:?} must be a file name in {}",
+                        image.recipe
+                    );
+                }
+            }
+            self.target(image, "0")
+                .with_context(|| format!("images.registry = {:?} with image {n}", self.registry))?;
+        }
+        Ok(())
+    }
+}
 
 impl ReleaseConfig {
     pub fn load(path: &Path) -> anyhow::Result<ReleaseConfig> {
@@ -100,6 +172,7 @@ impl ReleaseConfig {
             );
         }
         self.baseline.manylinux()?;
+        self.images.validate()?;
         for url in [&self.pypi.repository_url, &self.pypi.index_url] {
             if !(url.starts_with("https://") || url.starts_with("http://")) {
                 bail!("{url:?} is not an http(s) URL");
@@ -165,9 +238,54 @@ mod tests {
         let text = REPO_CONFIG.replace("[github]\n", "[github]\nrepo = \"typo\"\n");
         let err = format!("{:#}", ReleaseConfig::parse(&text).unwrap_err());
         assert!(err.contains("unknown field `repo`"), "{err}");
-        let text = REPO_CONFIG.replace("[images]\n", "[images]\nregistry = \"x\"\n");
+        let text = REPO_CONFIG.replace("[images]\n", "[images]\nregistri = \"x\"\n");
         let err = format!("{:#}", ReleaseConfig::parse(&text).unwrap_err());
-        assert!(err.contains("unknown field `registry`"), "{err}");
+        assert!(err.contains("unknown field `registri`"), "{err}");
+        let text = REPO_CONFIG.replace(
+            "[[images.image]]\n",
+            "[[images.image]]\nbase_digest = \"\"\n",
+        );
+        let err = format!("{:#}", ReleaseConfig::parse(&text).unwrap_err());
+        assert!(err.contains("unknown field `base_digest`"), "{err}");
+    }
+
+    #[test]
+    fn the_repository_release_toml_names_both_serving_images() {
+        let c = ReleaseConfig::parse(REPO_CONFIG).unwrap();
+        let names: Vec<&str> = c.images.images.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["vllm-musa", "sglang-musa"]);
+        let vllm = c.images.get("vllm-musa").unwrap();
+        assert!(vllm
+            .base
+            .starts_with("registry.mthreads.com/mcconline/inference/vllm/vllm-openai:v0.28.0"));
+        assert_eq!(
+            c.images.get("sglang-musa").unwrap().requirements.as_deref(),
+            Some("requirements-router.txt")
+        );
+        for i in &c.images.images {
+            assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join(&i.recipe)
+                .join("Dockerfile")
+                .is_file());
+        }
+    }
+
+    #[test]
+    fn bad_image_entries_are_errors() {
+        for (from, to, why) in [
+            (
+                "name = \"vllm-musa\"",
+                "name = \"sglang-musa\"",
+                "appears twice",
+            ),
+            ("name = \"vllm-musa\"", "name = \"vLLM\"", "lowercase"),
+            ("base = \"registry.mthreads.com/", "base = \"", "base"),
+        ] {
+            let text = REPO_CONFIG.replacen(from, to, 1);
+            let err = format!("{:#}", ReleaseConfig::parse(&text).unwrap_err());
+            assert!(err.contains(why), "{to}: {err}");
+        }
     }
 
     #[test]

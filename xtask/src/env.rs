@@ -22,6 +22,11 @@ pub const PYPI_INDEX_URL: &str = "PYPI_INDEX_URL";
 /// Set by GitHub Actions with `id-token: write`: PyPI trusted publishing.
 pub const ACTIONS_ID_TOKEN_REQUEST_URL: &str = "ACTIONS_ID_TOKEN_REQUEST_URL";
 pub const ACTIONS_ID_TOKEN_REQUEST_TOKEN: &str = "ACTIONS_ID_TOKEN_REQUEST_TOKEN";
+/// Image builder for `images` (podman, buildah, docker-buildx); default: the first found.
+pub const XTASK_IMAGE_BUILDER: &str = "XTASK_IMAGE_BUILDER";
+/// Credentials for the image registry of release.toml `[images] registry` (`skopeo login`).
+pub const IMAGE_REGISTRY_USERNAME: &str = "IMAGE_REGISTRY_USERNAME";
+pub const IMAGE_REGISTRY_PASSWORD: &str = "IMAGE_REGISTRY_PASSWORD";
 
 pub fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())

@@ -14,12 +14,23 @@ COMMANDS:
                                 compare this host with the baseline pinned in release.toml
     verify <dir-or-tag>         re-hash the artifacts of a release directory (or of
                                 target/dist/<tag>) against its sha256.sum and manifest
-    release <tag> [--dry-run] [--strict-baseline]
+    release <tag> [--dry-run] [--strict-baseline] [--skip-images]
                                 verify source and baseline, build, audit, checksum, publish to
-                                GitHub Releases and PyPI, write RELEASES.md. --dry-run stops
-                                before publishing and works offline.
+                                GitHub Releases and PyPI, build and push the images, write
+                                RELEASES.md. --dry-run stops before publishing and works
+                                offline; --skip-images leaves the images to `images <tag>`.
+    images <tag> [--force] [--builder podman|buildah|docker-buildx]
+                                build the serving images of release.toml [images] from the
+                                release directory target/dist/<tag>, push them by digest,
+                                record the digests in its manifest and RELEASES.md. A tag that
+                                already holds another digest stops the run unless --force.
+    pin-base [<image>...]       resolve each [[images.image]] base tag through its registry and
+                                write `@sha256:<digest>` into release.toml (all images if none
+                                is named)
 
 Strict baseline is the default on GitHub Actions (GITHUB_ACTIONS=true).
+Images: the builder is the first of podman, buildah, docker buildx found (or
+XTASK_IMAGE_BUILDER); IMAGE_REGISTRY_USERNAME/IMAGE_REGISTRY_PASSWORD log in to the registry.
 ";
 
 #[derive(Debug, PartialEq, Eq)]
@@ -29,6 +40,8 @@ pub enum Xtask {
     CheckBaseline(CheckBaseline),
     Verify(Verify),
     Release(Release),
+    Images(Images),
+    PinBase(PinBase),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -51,6 +64,19 @@ pub struct Release {
     pub tag: String,
     pub dry_run: bool,
     pub strict_baseline: bool,
+    pub skip_images: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Images {
+    pub tag: String,
+    pub force: bool,
+    pub builder: Option<String>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct PinBase {
+    pub images: Vec<String>,
 }
 
 impl Xtask {
@@ -80,11 +106,29 @@ impl Xtask {
             "release" => {
                 let dry_run = args.flag("--dry-run");
                 let strict_baseline = args.flag("--strict-baseline");
+                let skip_images = args.flag("--skip-images");
                 Xtask::Release(Release {
                     tag: args.required("<tag>")?,
                     dry_run,
                     strict_baseline,
+                    skip_images,
                 })
+            }
+            "images" => {
+                let force = args.flag("--force");
+                let builder = args.value("--builder")?;
+                Xtask::Images(Images {
+                    tag: args.required("<tag>")?,
+                    force,
+                    builder,
+                })
+            }
+            "pin-base" => {
+                let mut images = Vec::new();
+                while let Some(name) = args.next_positional() {
+                    images.push(name.to_owned());
+                }
+                Xtask::PinBase(PinBase { images })
             }
             other => bail!("unknown command `{other}`\n\n{HELP}"),
         };
@@ -102,6 +146,24 @@ impl<'a> Args<'a> {
         let before = self.rest.len();
         self.rest.retain(|a| *a != name);
         self.rest.len() != before
+    }
+
+    /// `--name value` or `--name=value`.
+    fn value(&mut self, name: &str) -> anyhow::Result<Option<String>> {
+        let prefix = format!("{name}=");
+        if let Some(i) = self.rest.iter().position(|a| a.starts_with(&prefix)) {
+            let v = self.rest.remove(i)[prefix.len()..].to_owned();
+            return Ok(Some(v));
+        }
+        let Some(i) = self.rest.iter().position(|a| *a == name) else {
+            return Ok(None);
+        };
+        if i + 1 >= self.rest.len() || self.rest[i + 1].starts_with("--") {
+            bail!("{name} needs a value\n\n{HELP}");
+        }
+        let v = self.rest.remove(i + 1).to_owned();
+        self.rest.remove(i);
+        Ok(Some(v))
     }
 
     fn next_positional(&mut self) -> Option<&'a str> {
@@ -142,7 +204,8 @@ mod tests {
             Xtask::Release(Release {
                 tag: "v0.1.0".into(),
                 dry_run: true,
-                strict_baseline: false
+                strict_baseline: false,
+                skip_images: false
             })
         );
         assert_eq!(
@@ -150,7 +213,43 @@ mod tests {
             Xtask::Release(Release {
                 tag: "v0.1.0".into(),
                 dry_run: false,
-                strict_baseline: true
+                strict_baseline: true,
+                skip_images: false
+            })
+        );
+        assert_eq!(
+            parse("release v0.1.0 --skip-images").unwrap(),
+            Xtask::Release(Release {
+                tag: "v0.1.0".into(),
+                dry_run: false,
+                strict_baseline: false,
+                skip_images: true
+            })
+        );
+        assert_eq!(
+            parse("images v0.1.0 --builder podman --force").unwrap(),
+            Xtask::Images(Images {
+                tag: "v0.1.0".into(),
+                force: true,
+                builder: Some("podman".into())
+            })
+        );
+        assert_eq!(
+            parse("images --builder=buildah v0.1.0").unwrap(),
+            Xtask::Images(Images {
+                tag: "v0.1.0".into(),
+                force: false,
+                builder: Some("buildah".into())
+            })
+        );
+        assert_eq!(
+            parse("pin-base").unwrap(),
+            Xtask::PinBase(PinBase { images: vec![] })
+        );
+        assert_eq!(
+            parse("pin-base vllm-musa sglang-musa").unwrap(),
+            Xtask::PinBase(PinBase {
+                images: vec!["vllm-musa".into(), "sglang-musa".into()]
             })
         );
         assert_eq!(
@@ -184,6 +283,11 @@ mod tests {
             .to_string()
             .contains("--dryrun"));
         assert!(parse("release v0.1.0 v0.2.0").is_err());
+        assert!(parse("images v0.1.0 --builder")
+            .unwrap_err()
+            .to_string()
+            .contains("--builder needs a value"));
+        assert!(parse("images").unwrap_err().to_string().contains("<tag>"));
         assert!(parse("publish")
             .unwrap_err()
             .to_string()

@@ -1,8 +1,8 @@
 //! The release orchestrator behind `cargo xtask`. See `xtask/README.md` for the map.
 //!
 //! `main.rs` parses [`flags`] and calls `run` on the chosen command; each command lives in its
-//! own module (`plan`, `check_baseline`, `verify`, `release`), the phases of a release in
-//! `release/`.
+//! own module (`plan`, `check_baseline`, `verify`, `release`, `images`, `pin_base`), the
+//! phases of a release in `release/`, the image builders and registry in `images/`.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +10,9 @@ pub mod check_baseline;
 pub mod config;
 pub mod env;
 pub mod flags;
+pub mod images;
 pub mod phase;
+pub mod pin_base;
 pub mod plan;
 pub mod release;
 pub mod verify;

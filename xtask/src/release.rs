@@ -1,8 +1,10 @@
 //! `cargo xtask release <tag>`: the order of the phases. Each phase lives in `release/` and is
 //! safe to re-run; publishing compares what exists with what it would upload.
 //!
-//! verify source -> verify baseline -> build -> audit -> checksums -> publish GitHub ->
-//! publish PyPI -> images -> ledger. `--dry-run` stops before publishing and needs no network.
+//! verify source -> verify baseline -> [check images] -> build -> audit -> checksums ->
+//! publish GitHub -> publish PyPI -> images -> ledger. `--dry-run` stops before publishing and
+//! needs no network. Unless `--skip-images`, a publishing run checks the images' pre-conditions
+//! (bases pinned, a builder, skopeo) before it builds anything.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -10,6 +12,7 @@ use std::path::Path;
 use xshell::Shell;
 
 use crate::flags;
+use crate::images;
 use crate::phase::Phases;
 use crate::release::checksums::{Manifest, ManifestArtifact, ManifestRelease, MANIFEST, SUMS};
 use crate::release::verify::{BaselineMode, BaselineReport, Source};
@@ -60,6 +63,20 @@ fn run_phases(
         let outcome = r.outcome();
         Ok((r, outcome))
     })?;
+    let with_images = !cmd.dry_run && !cmd.skip_images;
+    if with_images {
+        phases.run("check images", || {
+            let planned = images::preflight(ws)?;
+            let builder = images::builder::Builder::choose(sh, None)?;
+            images::registry::check_skopeo(sh)?;
+            let outcome = format!(
+                "{} image(s), bases pinned by digest, builder {}",
+                planned.len(),
+                builder.name()
+            );
+            Ok(((), outcome))
+        })?;
+    }
     let built = phases.run("build", || {
         let b = build::build(sh, ws, &source)?;
         let outcome = format!("{}, {}", file_name(&b.wheel), file_name(&b.sdist));
@@ -80,7 +97,7 @@ fn run_phases(
         Ok((a, outcome))
     })?;
     let dist = ws.dist_dir(&source.tag);
-    let manifest = phases.run("checksums", || {
+    let mut manifest = phases.run("checksums", || {
         let m = manifest(ws, &source, &baseline, &built, &audited)?;
         checksums::write(&dist, &m)?;
         checksums::verify_dir(&dist)?;
@@ -113,16 +130,28 @@ fn run_phases(
         let outcome = r.summary();
         Ok((r, outcome))
     })?;
-    phases.skip("images", "release.toml [images] names no image yet");
+    let pushed = if with_images {
+        phases.run("images", || {
+            let opts = images::Options::default();
+            let pushed = images::build_and_push(sh, ws, &source, &dist, &manifest, &opts)?;
+            let outcome = pushed
+                .values()
+                .map(|i| i.by_digest())
+                .collect::<Vec<_>>()
+                .join(", ");
+            Ok((pushed, outcome))
+        })?
+    } else {
+        phases.skip(
+            "images",
+            "--skip-images: run `cargo xtask images <tag>` to build them",
+        );
+        BTreeMap::new()
+    };
     phases.run("ledger", || {
         let places = [github.place(), pypi.place()];
-        let changed = ledger::write(ws, &source, &manifest, &places)?;
-        let outcome = if changed {
-            "RELEASES.md updated"
-        } else {
-            "RELEASES.md already has this entry"
-        };
-        Ok(((), outcome.to_owned()))
+        let outcome = images::record(ws, &source, &dist, &mut manifest, pushed, Some(&places))?;
+        Ok(((), outcome))
     })?;
     Ok(())
 }
@@ -187,6 +216,7 @@ pub fn manifest(
         tools: built.tools.clone(),
         build: serde_json::to_value(&built.settings)?,
         audit: serde_json::to_value(audited)?,
+        images: BTreeMap::new(),
     })
 }
 

@@ -34,6 +34,35 @@ pub struct Manifest {
     pub tools: BTreeMap<String, String>,
     pub build: serde_json::Value,
     pub audit: serde_json::Value,
+    /// Serving images pushed for this release, by name; written by the images phase.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub images: BTreeMap<String, ManifestImage>,
+}
+
+/// One pushed image: pull it as `<reference without tag>@<digest>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestImage {
+    /// `host/path:version`.
+    pub reference: String,
+    /// `sha256:<hex>` of the image manifest the registry serves.
+    pub digest: String,
+    /// The base it was built from, `host/path:tag@sha256:<hex>`.
+    pub base: String,
+    /// The recipe directory.
+    pub recipe: String,
+    /// SHA256 of the wheel installed in it.
+    pub wheel_sha256: String,
+}
+
+impl ManifestImage {
+    /// `host/path@sha256:<hex>`.
+    pub fn by_digest(&self) -> String {
+        let name = match self.reference.rsplit_once(':') {
+            Some((name, tag)) if !tag.contains('/') => name,
+            _ => &self.reference,
+        };
+        format!("{name}@{}", self.digest)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +140,15 @@ pub fn file_name(path: &Path) -> anyhow::Result<String> {
         .and_then(|n| n.to_str())
         .map(str::to_owned)
         .ok_or_else(|| format_err!("{} has no UTF-8 file name", path.display()))
+}
+
+/// Reads `dist-manifest.json` of a release directory.
+pub fn read_manifest(dir: &Path) -> anyhow::Result<Manifest> {
+    let path = dir.join(MANIFEST);
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a release manifest", path.display()))
 }
 
 /// Writes `dist-manifest.json` and then `sha256.sum` over the artifacts and the manifest.
@@ -290,7 +328,39 @@ mod tests {
             tools: BTreeMap::new(),
             build: serde_json::json!({}),
             audit: serde_json::json!({}),
+            images: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn images_are_recorded_in_the_manifest_and_covered_by_the_sums() {
+        let dir = temp_dir("images");
+        let mut m = standin_manifest(&dir);
+        write(&dir, &m).unwrap();
+        let without = fs::read_to_string(dir.join(MANIFEST)).unwrap();
+        assert!(!without.contains("\"images\""), "no empty images section");
+        let image = ManifestImage {
+            reference: "127.0.0.1:15000/test/vllm-musa:0.1.0".into(),
+            digest: format!("sha256:{}", "a".repeat(64)),
+            base: format!(
+                "127.0.0.1:15000/test/base:bookworm@sha256:{}",
+                "b".repeat(64)
+            ),
+            recipe: "images/vllm-musa".into(),
+            wheel_sha256: "c".repeat(64),
+        };
+        assert_eq!(
+            image.by_digest(),
+            format!("127.0.0.1:15000/test/vllm-musa@sha256:{}", "a".repeat(64))
+        );
+        m.images.insert("vllm-musa".into(), image);
+        write(&dir, &m).unwrap();
+        verify_dir(&dir).unwrap();
+        assert_eq!(read_manifest(&dir).unwrap(), m);
+        let sums = fs::read_to_string(dir.join(SUMS)).unwrap();
+        let (sha, _) = sha256_file(&dir.join(MANIFEST)).unwrap();
+        assert!(sums.contains(&format!("{sha}  {MANIFEST}")), "{sums}");
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

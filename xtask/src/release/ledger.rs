@@ -17,9 +17,10 @@ pub const LEDGER: &str = "RELEASES.md";
 const HEADER: &str = "\
 # Releases
 
-The ledger of every release: tag, commit, artifacts with SHA256, where each was published.
-Written by `cargo xtask release <tag>`; check a download with `sha256sum -c sha256.sum` or
-`cargo xtask verify <dir>`.
+The ledger of every release: tag, commit, artifacts with SHA256, where each was published,
+and the serving images by digest. Written by `cargo xtask release <tag>` (images also by
+`cargo xtask images <tag>`); check a download with `sha256sum -c sha256.sum` or
+`cargo xtask verify <dir>`, pull an image by the digest listed here.
 ";
 
 /// What a publish phase did: where, and which files it uploaded or found already identical.
@@ -92,8 +93,41 @@ pub fn entry(ws: &Workspace, source: &Source, manifest: &Manifest, places: &[Pla
             out.push_str(&format!("| `{}` | {size} | `{sha}` |\n", a.name));
         }
     }
+    if !manifest.images.is_empty() {
+        out.push_str("\n| image | digest | base |\n|---|---|---|\n");
+        for i in manifest.images.values() {
+            out.push_str(&format!(
+                "| `{}` | `{}` | `{}` |\n",
+                i.reference, i.digest, i.base
+            ));
+        }
+    }
     out.push_str(&format!("<!-- /release {} -->\n", source.tag));
     out
+}
+
+/// The places an existing entry names (`- Published: NAME <URL>`), so that a later phase
+/// (`cargo xtask images`) can rewrite the entry without forgetting them.
+pub fn places_in(ledger: &str, tag: &str) -> Vec<Place> {
+    let open = format!("<!-- release {tag} -->\n");
+    let close = format!("<!-- /release {tag} -->\n");
+    let Some(start) = ledger.find(&open) else {
+        return Vec::new();
+    };
+    let Some(len) = ledger[start..].find(&close) else {
+        return Vec::new();
+    };
+    ledger[start..start + len]
+        .lines()
+        .filter_map(|l| l.strip_prefix("- Published: "))
+        .filter_map(|l| {
+            let (name, url) = l.strip_suffix('>')?.rsplit_once(" <")?;
+            Some(Place {
+                name: name.to_owned(),
+                url: url.to_owned(),
+            })
+        })
+        .collect()
 }
 
 /// Writes or replaces the entry; returns whether the file changed.
@@ -163,6 +197,31 @@ mod tests {
         assert_eq!(utc_date(0), "1970-01-01");
         assert_eq!(utc_date(1_700_000_000), "2023-11-14");
         assert_eq!(utc_date(951_782_400), "2000-02-29");
+    }
+
+    #[test]
+    fn places_are_read_back_from_an_entry() {
+        let ledger =
+            "# Releases\n\n<!-- release v0.2.0 -->\n## v0.2.0\n- Published: PyPI <https://p/2>\n\
+                      <!-- /release v0.2.0 -->\n\n<!-- release v0.1.0 -->\n## v0.1.0\n\
+                      - Published: GitHub Releases <https://g/1>\n- Published: PyPI <https://p/1>\n\
+                      <!-- /release v0.1.0 -->\n";
+        let places = places_in(ledger, "v0.1.0");
+        assert_eq!(
+            places,
+            [
+                Place {
+                    name: "GitHub Releases".into(),
+                    url: "https://g/1".into()
+                },
+                Place {
+                    name: "PyPI".into(),
+                    url: "https://p/1".into()
+                },
+            ]
+        );
+        assert_eq!(places_in(ledger, "v0.2.0").len(), 1);
+        assert!(places_in(ledger, "v0.3.0").is_empty());
     }
 
     #[test]

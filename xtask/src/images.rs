@@ -1,0 +1,500 @@
+//! The serving images: `cargo xtask images <tag>` and the `images` phase of `release`.
+//!
+//! For every `[[images.image]]` of release.toml: refuse a base without a digest (before
+//! anything is built), assemble the build context (recipe, `images/common/install-wheels.py`,
+//! the release's wheel, wheels named by the recipe's hash-locked requirements), build with
+//! podman, buildah or docker buildx into an OCI layout with `SOURCE_DATE_EPOCH` timestamps,
+//! check the labels, then compare with what the registry holds under `<registry>/<name>:<version>`:
+//! the same digest is nothing to do, another digest stops unless `--force`, none is a push
+//! (byte for byte, so the registry's digest is the layout's). The digests go into the release
+//! manifest (`images`), `sha256.sum` and `RELEASES.md`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, format_err, Context};
+use xshell::{cmd, Shell};
+
+use crate::config::ImageRecipe;
+use crate::env;
+use crate::phase::Phases;
+use crate::release::checksums::{self, Manifest, ManifestImage};
+use crate::release::ledger;
+use crate::release::verify::{self, Source};
+use crate::{flags, Workspace};
+
+pub mod builder;
+pub mod oci_layout;
+pub mod reference;
+pub mod registry;
+
+use builder::{BuildSpec, Builder};
+use reference::ImageRef;
+
+/// The install step both recipes run, copied into every build context.
+const INSTALL_SCRIPT: &str = "images/common/install-wheels.py";
+
+/// Labels every image must carry, checked after the build.
+const LABEL_REVISION: &str = "org.opencontainers.image.revision";
+const LABEL_VERSION: &str = "org.opencontainers.image.version";
+const LABEL_BASE_DIGEST: &str = "org.opencontainers.image.base.digest";
+const LABEL_SOURCE: &str = "org.opencontainers.image.source";
+const LABEL_WHEEL_SHA256: &str = "io.github.mooncake-musa.wheel.sha256";
+
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub force: bool,
+    pub builder: Option<String>,
+}
+
+/// An image ready to build: its recipe and its pinned base.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub recipe: ImageRecipe,
+    pub base: ImageRef,
+    pub base_digest: String,
+}
+
+/// Everything that can be refused before anything is pulled or built: no image configured,
+/// a base without a digest, a recipe or requirements file that is not there.
+pub fn preflight(ws: &Workspace) -> anyhow::Result<Vec<Planned>> {
+    let images = &ws.config.images;
+    if images.images.is_empty() {
+        bail!("release.toml [images] names no image ([[images.image]]): nothing to build");
+    }
+    let mut planned = Vec::new();
+    let mut unpinned = Vec::new();
+    for recipe in &images.images {
+        let base = ImageRef::parse(&recipe.base)?;
+        let Some(base_digest) = base.digest.clone() else {
+            unpinned.push(format!("{} (base = {:?})", recipe.name, recipe.base));
+            continue;
+        };
+        let dockerfile = ws.root.join(&recipe.recipe).join("Dockerfile");
+        if !dockerfile.is_file() {
+            bail!(
+                "image {}: no recipe at {}",
+                recipe.name,
+                dockerfile.display()
+            );
+        }
+        if let Some(r) = &recipe.requirements {
+            let path = ws.root.join(&recipe.recipe).join(r);
+            if !path.is_file() {
+                bail!(
+                    "image {}: requirements file {} is missing",
+                    recipe.name,
+                    path.display()
+                );
+            }
+        }
+        planned.push(Planned {
+            recipe: recipe.clone(),
+            base,
+            base_digest,
+        });
+    }
+    if !unpinned.is_empty() {
+        bail!(
+            "release.toml [images]: the base of {} is not pinned by digest; refusing to build. \
+             Run `cargo xtask pin-base` where the registry is reachable (it resolves each tag \
+             and writes `@sha256:...` into release.toml), review and commit the change.",
+            unpinned.join(", ")
+        );
+    }
+    Ok(planned)
+}
+
+/// Builds, checks and pushes every image; returns what the manifest records.
+pub fn build_and_push(
+    sh: &Shell,
+    ws: &Workspace,
+    source: &Source,
+    dist: &Path,
+    manifest: &Manifest,
+    opts: &Options,
+) -> anyhow::Result<BTreeMap<String, ManifestImage>> {
+    let planned = preflight(ws)?;
+    let builder = Builder::choose(sh, opts.builder.as_deref())?;
+    registry::check_skopeo(sh)?;
+    let (wheel, wheel_sha256) = release_wheel(dist, manifest)?;
+    let auth_dir = ws.scratch_dir().join("images");
+    fs::create_dir_all(&auth_dir)?;
+    // skopeo keeps its login here, not in the user's ~/.config.
+    let auth_file = auth_dir.join("auth.json");
+    let _auth = sh.push_env("REGISTRY_AUTH_FILE", &auth_file);
+    login(sh, ws)?;
+    eprintln!(
+        "images: {} with {}, wheel {} ({wheel_sha256})",
+        planned.len(),
+        builder.name(),
+        checksums::file_name(&wheel)?
+    );
+
+    let mut records = BTreeMap::new();
+    for image in &planned {
+        let record = build_one(sh, ws, source, &wheel, &wheel_sha256, image, builder, opts)
+            .with_context(|| format!("image {}", image.recipe.name))?;
+        records.insert(image.recipe.name.clone(), record);
+    }
+    Ok(records)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_one(
+    sh: &Shell,
+    ws: &Workspace,
+    source: &Source,
+    wheel: &Path,
+    wheel_sha256: &str,
+    image: &Planned,
+    builder: Builder,
+    opts: &Options,
+) -> anyhow::Result<ManifestImage> {
+    let name = &image.recipe.name;
+    let work = ws.scratch_dir().join("images").join(name);
+    let context = work.join("context");
+    stage_context(sh, ws, image, wheel, &context)?;
+
+    let wheel_name = checksums::file_name(wheel)?;
+    let source_url = format!("https://github.com/{}", ws.config.github.repository);
+    let base_by_digest = image.base.by_digest().unwrap_or_default();
+    let spec = BuildSpec {
+        context: &context,
+        build_args: vec![
+            ("BASE_IMAGE", base_by_digest.clone()),
+            ("BASE_DIGEST", image.base_digest.clone()),
+            ("VERSION", source.version.clone()),
+            ("REVISION", source.commit.clone()),
+            ("WHEEL", wheel_name),
+            ("WHEEL_SHA256", wheel_sha256.to_owned()),
+            ("DISTRIBUTION", ws.config.distribution.clone()),
+            ("SOURCE", source_url.clone()),
+        ],
+        timestamp: source.commit_time,
+        insecure_base: image.base.is_loopback(),
+        local_name: format!("localhost/xtask-{name}:{}", source.version),
+        layout: &work.join("oci"),
+        layout_tag: &source.version,
+    };
+    eprintln!(
+        "images: building {name} from {base_by_digest} ({})",
+        builder.name()
+    );
+    builder.build(sh, &spec)?;
+    let built = oci_layout::read(spec.layout, spec.layout_tag)?;
+    check_labels(
+        &built.labels,
+        &[
+            (LABEL_REVISION, &source.commit),
+            (LABEL_VERSION, &source.version),
+            (LABEL_BASE_DIGEST, &image.base_digest),
+            (LABEL_SOURCE, &source_url),
+            (LABEL_WHEEL_SHA256, wheel_sha256),
+        ],
+    )?;
+
+    let target = ws.config.images.target(&image.recipe, &source.version)?;
+    let target_tag = target.to_string();
+    let action = match registry::resolve(sh, &target_tag)? {
+        Some(there) if there == built.digest => {
+            "already there (same digest), nothing pushed".to_owned()
+        }
+        Some(there) if !opts.force => bail!(
+            "{target_tag} already holds {there}, but this build of {name} is {}: not overwriting. \
+             A release's images must not change under its tag; find out why the build differs \
+             (base, wheel, recipe). Re-run with --force only to replace the image deliberately.",
+            built.digest
+        ),
+        there => {
+            let pushed = registry::push_layout(
+                sh,
+                spec.layout,
+                spec.layout_tag,
+                built.is_index,
+                &target_tag,
+                &work.join("pushed.digest"),
+            )?;
+            if pushed != built.digest {
+                bail!(
+                    "{target_tag}: the registry recorded {pushed}, the build is {}",
+                    built.digest
+                );
+            }
+            match there {
+                Some(old) => format!("pushed, replacing {old} (--force)"),
+                None => "pushed".to_owned(),
+            }
+        }
+    };
+    // Whatever happened, the tag must now name this build.
+    let now = registry::resolve(sh, &target_tag)?;
+    if now.as_deref() != Some(built.digest.as_str()) {
+        bail!(
+            "{target_tag} resolves to {}, not the build's {}",
+            now.as_deref().unwrap_or("nothing"),
+            built.digest
+        );
+    }
+    eprintln!("images: {name}: {}@{}: {action}", target.name, built.digest);
+    Ok(ManifestImage {
+        reference: target_tag,
+        digest: built.digest,
+        base: image.base.to_string(),
+        recipe: image.recipe.recipe.clone(),
+        wheel_sha256: wheel_sha256.to_owned(),
+    })
+}
+
+/// The context: the recipe's files, the install script, the wheel, and the recipe's
+/// hash-locked extra wheels. Nothing else, so the build sees only what is checked.
+fn stage_context(
+    sh: &Shell,
+    ws: &Workspace,
+    image: &Planned,
+    wheel: &Path,
+    context: &Path,
+) -> anyhow::Result<()> {
+    if context.exists() {
+        fs::remove_dir_all(context)?;
+    }
+    fs::create_dir_all(context)?;
+    let recipe_dir = ws.root.join(&image.recipe.recipe);
+    let mut files: Vec<PathBuf> = vec![ws.root.join(INSTALL_SCRIPT), wheel.to_owned()];
+    for entry in fs::read_dir(&recipe_dir)
+        .with_context(|| format!("cannot read {}", recipe_dir.display()))?
+    {
+        let path = entry?.path();
+        if path.is_file() {
+            files.push(path);
+        }
+    }
+    for f in &files {
+        let to = context.join(
+            f.file_name()
+                .ok_or_else(|| format_err!("{}", f.display()))?,
+        );
+        fs::copy(f, &to)
+            .with_context(|| format!("cannot copy {} into the build context", f.display()))?;
+    }
+    if let Some(requirements) = &image.recipe.requirements {
+        let reqs = recipe_dir.join(requirements);
+        let python = env::var(env::XTASK_PYTHON).unwrap_or_else(|| "python3".to_owned());
+        let baseline = &ws.config.baseline;
+        let (_, arch) = baseline.manylinux()?;
+        let platforms = [
+            baseline.wheel_platform.clone(),
+            format!("manylinux2014_{arch}"),
+        ];
+        let platform_args: Vec<String> = platforms
+            .iter()
+            .flat_map(|p| ["--platform".to_owned(), p.clone()])
+            .collect();
+        let py = &baseline.python;
+        // pip checks every file against the hashes in the requirements file.
+        cmd!(sh, "{python} -m pip download --quiet --disable-pip-version-check --no-input --no-deps --only-binary=:all: --require-hashes {platform_args...} --python-version {py} -r {reqs} -d {context}")
+            .run()
+            .with_context(|| format!("cannot fetch the wheels of {} by hash", reqs.display()))?;
+    }
+    Ok(())
+}
+
+/// The release's one wheel, re-hashed against the manifest.
+fn release_wheel(dist: &Path, manifest: &Manifest) -> anyhow::Result<(PathBuf, String)> {
+    let wheels: Vec<_> = manifest
+        .artifacts
+        .values()
+        .filter(|a| a.kind == "python-wheel")
+        .collect();
+    let [wheel] = wheels[..] else {
+        bail!(
+            "the release manifest lists {} wheels; the images install exactly one",
+            wheels.len()
+        );
+    };
+    let want = wheel
+        .sha256()
+        .ok_or_else(|| format_err!("{}: no sha256 in the manifest", wheel.name))?;
+    let path = dist.join(&wheel.name);
+    let (got, _) = checksums::sha256_file(&path)?;
+    if got != want {
+        bail!(
+            "{} has sha256 {got}, the manifest says {want}",
+            path.display()
+        );
+    }
+    Ok((path, got))
+}
+
+fn check_labels(labels: &BTreeMap<String, String>, want: &[(&str, &str)]) -> anyhow::Result<()> {
+    let wrong: Vec<String> = want
+        .iter()
+        .filter(|(k, v)| labels.get(*k).map(String::as_str) != Some(*v))
+        .map(|(k, v)| {
+            format!(
+                "{k} is {:?}, want {v:?}",
+                labels.get(*k).map(String::as_str).unwrap_or("missing")
+            )
+        })
+        .collect();
+    if !wrong.is_empty() {
+        bail!("the built image's labels are wrong: {}", wrong.join("; "));
+    }
+    Ok(())
+}
+
+/// `IMAGE_REGISTRY_USERNAME` + `IMAGE_REGISTRY_PASSWORD`: log in to the target registry.
+/// Neither: use whatever login skopeo already has (none for a loopback registry).
+fn login(sh: &Shell, ws: &Workspace) -> anyhow::Result<()> {
+    let user = env::var(env::IMAGE_REGISTRY_USERNAME);
+    let password = env::var(env::IMAGE_REGISTRY_PASSWORD);
+    let host = ws
+        .config
+        .images
+        .registry
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    match (user, password) {
+        (Some(u), Some(p)) => registry::login(sh, host, &u, &p),
+        (None, None) => Ok(()),
+        _ => bail!(
+            "set both {} and {} (or neither)",
+            env::IMAGE_REGISTRY_USERNAME,
+            env::IMAGE_REGISTRY_PASSWORD
+        ),
+    }
+}
+
+/// Writes the images into the manifest, re-writes `sha256.sum`, and updates `RELEASES.md`
+/// (keeping the places the entry already names).
+pub fn record(
+    ws: &Workspace,
+    source: &Source,
+    dist: &Path,
+    manifest: &mut Manifest,
+    images: BTreeMap<String, ManifestImage>,
+    places: Option<&[ledger::Place]>,
+) -> anyhow::Result<String> {
+    manifest.images = images;
+    checksums::write(dist, manifest)?;
+    checksums::verify_dir(dist)?;
+    let kept;
+    let places = match places {
+        Some(p) => p,
+        None => {
+            let old = fs::read_to_string(ws.root.join(ledger::LEDGER)).unwrap_or_default();
+            kept = ledger::places_in(&old, &source.tag);
+            &kept
+        }
+    };
+    let changed = ledger::write(ws, source, manifest, places)?;
+    Ok(format!(
+        "{} image digest(s) in {}; {}",
+        manifest.images.len(),
+        checksums::MANIFEST,
+        if changed {
+            "RELEASES.md updated"
+        } else {
+            "RELEASES.md already has this entry"
+        }
+    ))
+}
+
+impl flags::Images {
+    pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
+        let ws = Workspace::load(sh)?;
+        let mut phases = Phases::new(format!("images {}", self.tag));
+        let result = self.run_phases(sh, &ws, &mut phases);
+        eprint!("{}", phases.summary());
+        result
+    }
+
+    fn run_phases(&self, sh: &Shell, ws: &Workspace, phases: &mut Phases) -> anyhow::Result<()> {
+        phases.run("check images", || {
+            let planned = preflight(ws)?;
+            Ok((
+                (),
+                format!("{} image(s), every base pinned by digest", planned.len()),
+            ))
+        })?;
+        let source = phases.run("verify source", || {
+            let s = verify::source(sh, ws, &self.tag)?;
+            let outcome = format!("{} is {}", s.tag, s.commit);
+            Ok((s, outcome))
+        })?;
+        let dist = ws.dist_dir(&source.tag);
+        let mut manifest = phases.run("verify release directory", || {
+            let m = release_manifest(&dist, &source)?;
+            Ok((
+                m,
+                format!("{} matches its {}", dist.display(), checksums::SUMS),
+            ))
+        })?;
+        let opts = Options {
+            force: self.force,
+            builder: self.builder.clone(),
+        };
+        let images = phases.run("images", || {
+            let images = build_and_push(sh, ws, &source, &dist, &manifest, &opts)?;
+            let outcome = images
+                .values()
+                .map(|i| format!("{}@{}", i.reference, i.digest))
+                .collect::<Vec<_>>()
+                .join(", ");
+            Ok((images, outcome))
+        })?;
+        phases.run("record", || {
+            let outcome = record(ws, &source, &dist, &mut manifest, images, None)?;
+            Ok(((), outcome))
+        })?;
+        Ok(())
+    }
+}
+
+/// The release directory of `source`: verified against its sums, built from the same commit.
+pub fn release_manifest(dist: &Path, source: &Source) -> anyhow::Result<Manifest> {
+    checksums::verify_dir(dist).with_context(|| {
+        format!(
+            "the release directory {} is not usable: build it with `cargo xtask release {} \
+             --dry-run` (or download the release's files into it)",
+            dist.display(),
+            source.tag
+        )
+    })?;
+    let manifest = checksums::read_manifest(dist)?;
+    let built_from = manifest.source.get("commit").and_then(|c| c.as_str());
+    if built_from != Some(source.commit.as_str()) {
+        bail!(
+            "{} was built from commit {}, but {} is {}",
+            dist.display(),
+            built_from.unwrap_or("(not recorded)"),
+            source.tag,
+            source.commit
+        );
+    }
+    Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_or_missing_labels_are_named() {
+        let labels = BTreeMap::from([
+            (LABEL_VERSION.to_owned(), "0.3.13".to_owned()),
+            (LABEL_REVISION.to_owned(), "abc".to_owned()),
+        ]);
+        assert!(check_labels(&labels, &[(LABEL_VERSION, "0.3.13")]).is_ok());
+        let err = check_labels(
+            &labels,
+            &[(LABEL_REVISION, "def"), (LABEL_WHEEL_SHA256, "00")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("revision is \"abc\", want \"def\""), "{err}");
+        assert!(err.contains("wheel.sha256 is \"missing\""), "{err}");
+    }
+}
