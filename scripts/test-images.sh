@@ -27,6 +27,13 @@
 #    - negative tests: a wheel whose SHA256 is not WHEEL_SHA256 (a wrong pin, and a tampered
 #      wheel) fails the build with a clear message; a BASE_IMAGE without @sha256: is refused
 #      by the recipe, and by the pre-flight check before anything is pulled or built.
+#    - `cargo xtask images` and `cargo xtask pin-base` on a clone whose release.toml points at
+#      the loopback registry: a base without a digest is refused before anything is built (by
+#      `images` and by `release`); pin-base resolves the tags and writes the digests (one line
+#      each); a real `release <tag> --dry-run` makes the release directory; `images <tag>`
+#      builds, pushes and records both digests (manifest, sha256.sum, RELEASES.md), checked
+#      with skopeo; a second run finds the same digests and pushes nothing; another image under
+#      the tag stops the run until --force replaces it.
 #    The registry is stopped and every image and container made here is removed on exit.
 #
 # Environment: WHEEL (a wheel to use instead of building one), IMAGES_TEST_CACHE,
@@ -119,6 +126,16 @@ prepare() {
         || pip_dl --platform manylinux2014_x86_64 --python-version 3.10 -r "$ROUTER_REQS"
     pip_dl --no-index --find-links "$WHEELS_CACHE" "${BASE_PLATFORM[@]}" -r "$BASE_REQS" 2>/dev/null \
         || pip_dl "${BASE_PLATFORM[@]}" -r "$BASE_REQS"
+
+    step "xtask and its release build tools, for the offline release (cached)"
+    # The clone's `release --dry-run` runs offline: its locked build tools come from here,
+    # its crates from the cargo cache this build fills.
+    python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: --require-hashes \
+        -d "$WHEELS_CACHE" -r "$REPO/xtask/requirements-build.txt" >&2
+    cargo build --quiet --locked -p xtask >&2
+    (cd "$REPO" && cargo fetch --locked >&2)
+    export XTASK_BIN="${CARGO_TARGET_DIR:-$REPO/target}/debug/xtask"
+    [ -x "$XTASK_BIN" ] || die "no xtask binary at $XTASK_BIN"
     step ""
 }
 
@@ -336,6 +353,103 @@ negative_tests() {
     [ "$before" = "$(podman images --quiet | sort)" ] || die "the pre-flight refusal still pulled or built something"
 }
 
+# --- cargo xtask images / pin-base on a clone that points at the loopback registry --------
+
+xt() { (cd "$XCLONE" && XTASK_ROOT="$XCLONE" "$XTASK_BIN" "$@"); }
+xgit() { git -C "$XCLONE" -c user.name=test -c user.email=test@test.invalid "$@"; }
+expect_fail() {
+    local name="$1" pattern="$2"; shift 2
+    local out="$RUN_DIR/xtask-$name.log"
+    if "$@" >"$out" 2>&1; then die "xtask $name: succeeded, but must fail:\n$(tail -20 "$out")"; fi
+    grep -Eq "$pattern" "$out" || die "xtask $name: no message matching /$pattern/ in:\n$(tail -20 "$out")"
+    log "refused as expected ($name): $(grep -Eo "$pattern.*" "$out" | head -n1 | cut -c1-220)"
+}
+registry_digest() { skopeo inspect --tls-verify=false --raw "docker://$1" | sha256sum | sed 's/^/sha256:/; s/ .*//'; }
+
+xtask_images_test() {
+    step "xtask: a clone whose release.toml points at $REG, bases by tag only"
+    XCLONE="$RUN_DIR/xclone"
+    git clone --quiet --no-hardlinks "$REPO" "$XCLONE"
+    local tag="v$VERSION" base_tag="$REG/test/base:$SUITE" out="$RUN_DIR/xtask-out.log"
+    python3 - "$XCLONE/release.toml" "$REG" "$base_tag" <<'PY'
+import re, sys
+path, reg, base = sys.argv[1:]
+text = open(path).read()
+text = re.sub(r'(?m)^registry = ".*"$', f'registry = "{reg}/release"', text, count=1)
+text, n = re.subn(r'(?m)^base = "[^"]*"', f'base = "{base}"', text)
+assert n == 2, n
+open(path, "w").write(text)
+PY
+    xgit commit --quiet -am "test: images on the loopback registry"
+    xgit tag -f "$tag" >/dev/null
+    local images_before; images_before="$(podman images --quiet | sort)"
+    expect_fail images-unpinned "the base of vllm-musa .* is not pinned by digest; refusing to build" xt images "$tag"
+    expect_fail release-unpinned "not pinned by digest" xt release "$tag"
+    [ ! -e "$XCLONE/target/xtask/images" ] && [ ! -e "$XCLONE/target/dist" ] \
+        || die "xtask built something before refusing the unpinned bases"
+    [ "$images_before" = "$(podman images --quiet | sort)" ] || die "the refusal pulled or built an image"
+
+    step "xtask pin-base: tags -> digests through the registry"
+    xt pin-base >"$out" 2>&1 || die "pin-base failed:\n$(cat "$out")"
+    grep -h 'pinned' "$out" >&2
+    local pinned="$base_tag@$BASE_DIGEST"
+    [ "$(grep -c "^base = \"$pinned\"" "$XCLONE/release.toml")" -eq 2 ] \
+        || die "pin-base did not write $pinned twice:\n$(grep '^base' "$XCLONE/release.toml")"
+    [ "$(xgit diff --numstat)" = "$(printf '2\t2\trelease.toml')" ] \
+        || die "pin-base changed more than the two base lines:\n$(xgit diff)"
+    xt pin-base vllm-musa >"$out" 2>&1 && grep -q "unchanged" "$out" || die "a second pin-base is not a no-op:\n$(cat "$out")"
+    xgit commit --quiet -am "test: pin the bases"
+    xgit tag -f "$tag" >/dev/null
+
+    step "xtask release $tag --dry-run (offline; the release directory)"
+    (export CARGO_NET_OFFLINE=true PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; xt release "$tag" --dry-run) \
+        >"$RUN_DIR/xtask-release.log" 2>&1 || die "release --dry-run failed:\n$(tail -40 "$RUN_DIR/xtask-release.log")"
+    local dist="$XCLONE/target/dist/$tag"
+    WHEEL_SHA256_X="$(jq -r '.artifacts[] | select(.kind == "python-wheel") | .checksums.sha256' "$dist/dist-manifest.json")"
+
+    step "xtask images $tag: build, push, record"
+    (export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; xt images "$tag" --builder podman) >"$out" 2>&1 \
+        || die "xtask images failed:\n$(tail -40 "$out")"
+    grep -E '^(images:|==>|<==)' "$out" | cut -c1-200 >&2
+    local r d
+    for r in "${RECIPES[@]}"; do
+        grep -q "images: $r: $REG/release/$r@sha256:[0-9a-f]*: pushed$" "$out" || die "$r: not reported as pushed"
+        d="$(jq -r --arg r "$r" '.images[$r].digest' "$dist/dist-manifest.json")"
+        [ "$d" = "$(registry_digest "$REG/release/$r:$VERSION")" ] || die "$r: manifest says $d, the registry $(registry_digest "$REG/release/$r:$VERSION")"
+        [ "$(jq -r --arg r "$r" '.images[$r].base' "$dist/dist-manifest.json")" = "$pinned" ] || die "$r: base not recorded"
+        skopeo inspect --tls-verify=false "docker://$REG/release/$r@$d" | jq -e --arg w "$WHEEL_SHA256_X" --arg b "$BASE_DIGEST" \
+            '.Labels["io.github.mooncake-musa.wheel.sha256"] == $w and .Labels["org.opencontainers.image.base.digest"] == $b' >/dev/null \
+            || die "$r: labels of the pushed image are wrong"
+        grep -q "| \`$REG/release/$r:$VERSION\` | \`$d\` | \`$pinned\` |" "$XCLONE/RELEASES.md" || die "$r: not in RELEASES.md"
+        XDIGEST[$r]="$d"
+    done
+    xt verify "$tag" >/dev/null 2>&1 || die "the release directory no longer verifies after recording the images"
+    log "xtask images: both pushed and recorded (manifest, sha256.sum, RELEASES.md)"
+
+    step "xtask images $tag again: same digests, nothing pushed"
+    cp "$XCLONE/RELEASES.md" "$RUN_DIR/releases-1.md"
+    (export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; xt images "$tag") >"$out" 2>&1 \
+        || die "the second xtask images failed:\n$(tail -40 "$out")"
+    for r in "${RECIPES[@]}"; do
+        grep -q "images: $r: $REG/release/$r@${XDIGEST[$r]}: already there (same digest), nothing pushed" "$out" \
+            || die "$r: the rebuild was not found identical:\n$(grep '^images:' "$out")"
+    done
+    cmp -s "$XCLONE/RELEASES.md" "$RUN_DIR/releases-1.md" || die "RELEASES.md changed on an identical re-run"
+
+    step "xtask images $tag with another image under the tag: stop, then --force"
+    skopeo copy --quiet --src-tls-verify=false --dest-tls-verify=false \
+        "docker://$BASE_IMAGE" "docker://$REG/release/vllm-musa:$VERSION" >&2
+    local other; other="$(registry_digest "$REG/release/vllm-musa:$VERSION")"
+    (export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; expect_fail images-other-digest \
+        "already holds $other, but this build of vllm-musa is ${XDIGEST[vllm-musa]}: not overwriting" xt images "$tag")
+    [ "$(registry_digest "$REG/release/vllm-musa:$VERSION")" = "$other" ] || die "the refusal still changed the tag"
+    (export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; xt images "$tag" --force) >"$out" 2>&1 \
+        || die "xtask images --force failed:\n$(tail -40 "$out")"
+    grep -q "images: vllm-musa: .*pushed, replacing $other (--force)" "$out" || die "--force did not replace:\n$(grep '^images:' "$out")"
+    [ "$(registry_digest "$REG/release/vllm-musa:$VERSION")" = "${XDIGEST[vllm-musa]}" ] || die "--force did not restore the build"
+    log "xtask images: identical re-run pushes nothing; another digest stops the run; --force replaces it"
+}
+
 offline_phase() {
     if [ "${IMAGES_TEST_NETNS:-1}" = 1 ]; then
         ip link set lo up
@@ -370,12 +484,13 @@ assert rc == 0 and dst.raw == src.raw, rc
 print("in the image: %s %s moved %d bytes over TCP between two engines"
       % (names[0], m.version(names[0]), n))
 EOF
-    declare -gA DIGEST1=()
+    declare -gA DIGEST1=() XDIGEST=()
     start_registry
     make_base
     local r
     for r in "${RECIPES[@]}"; do check_image "$r"; done
     negative_tests
+    xtask_images_test
     step ""
     printf '\n%-56s %8s\n' "step" "time" >&2
     printf '%s\n' "${TIMINGS[@]}" >&2
@@ -404,7 +519,7 @@ fi
 cd "$REPO"
 prepare
 IMAGES_TEST_PREP_TIMINGS="$(printf '%s\n' "${TIMINGS[@]}")"
-export IMAGES_TEST_PREP_TIMINGS DEBS_TARBALL WHEELS_CACHE WHEEL
+export IMAGES_TEST_PREP_TIMINGS DEBS_TARBALL WHEELS_CACHE WHEEL XTASK_BIN
 if [ "${IMAGES_TEST_NETNS:-1}" = 1 ]; then
     exec unshare --net -- "$0" --offline-phase </dev/null
 else

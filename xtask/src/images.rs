@@ -119,12 +119,9 @@ pub fn build_and_push(
     let builder = Builder::choose(sh, opts.builder.as_deref())?;
     registry::check_skopeo(sh)?;
     let (wheel, wheel_sha256) = release_wheel(dist, manifest)?;
-    let auth_dir = ws.scratch_dir().join("images");
-    fs::create_dir_all(&auth_dir)?;
-    // skopeo keeps its login here, not in the user's ~/.config.
-    let auth_file = auth_dir.join("auth.json");
-    let _auth = sh.push_env("REGISTRY_AUTH_FILE", &auth_file);
-    login(sh, ws)?;
+    // A login from the environment goes to a file of our own, not the user's ~/.config;
+    // without one, the builders' and skopeo's usual credentials apply.
+    let _auth = login(sh, ws)?;
     eprintln!(
         "images: {} with {}, wheel {} ({wheel_sha256})",
         planned.len(),
@@ -344,9 +341,10 @@ fn check_labels(labels: &BTreeMap<String, String>, want: &[(&str, &str)]) -> any
     Ok(())
 }
 
-/// `IMAGE_REGISTRY_USERNAME` + `IMAGE_REGISTRY_PASSWORD`: log in to the target registry.
-/// Neither: use whatever login skopeo already has (none for a loopback registry).
-fn login(sh: &Shell, ws: &Workspace) -> anyhow::Result<()> {
+/// `IMAGE_REGISTRY_USERNAME` + `IMAGE_REGISTRY_PASSWORD`: log in to the target registry, with
+/// `REGISTRY_AUTH_FILE` pointing at a file under target/ for as long as the guard lives.
+/// Neither: nothing to do.
+fn login<'a>(sh: &'a Shell, ws: &Workspace) -> anyhow::Result<Option<xshell::PushEnv<'a>>> {
     let user = env::var(env::IMAGE_REGISTRY_USERNAME);
     let password = env::var(env::IMAGE_REGISTRY_PASSWORD);
     let host = ws
@@ -357,8 +355,14 @@ fn login(sh: &Shell, ws: &Workspace) -> anyhow::Result<()> {
         .next()
         .unwrap_or_default();
     match (user, password) {
-        (Some(u), Some(p)) => registry::login(sh, host, &u, &p),
-        (None, None) => Ok(()),
+        (Some(u), Some(p)) => {
+            let dir = ws.scratch_dir().join("images");
+            fs::create_dir_all(&dir)?;
+            let guard = sh.push_env("REGISTRY_AUTH_FILE", dir.join("auth.json"));
+            registry::login(sh, host, &u, &p)?;
+            Ok(Some(guard))
+        }
+        (None, None) => Ok(None),
         _ => bail!(
             "set both {} and {} (or neither)",
             env::IMAGE_REGISTRY_USERNAME,
@@ -425,7 +429,7 @@ impl flags::Images {
             Ok((s, outcome))
         })?;
         let dist = ws.dist_dir(&source.tag);
-        let mut manifest = phases.run("verify release directory", || {
+        let mut manifest = phases.run("verify dist", || {
             let m = release_manifest(&dist, &source)?;
             Ok((
                 m,
