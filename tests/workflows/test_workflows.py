@@ -219,6 +219,21 @@ def test_artifacts_travel_by_upload_and_download_and_are_verified(release):
         assert "cargo xtask verify" in runs or "sha256sum -c" in runs, name
 
 
+def test_images_job_runs_the_xtask_and_keeps_the_recorded_digests(release):
+    job = jobs(release)["images"]
+    assert job["permissions"] == {"contents": "read"}
+    steps = job["steps"]
+    runs = [s.get("run", "") for s in steps]
+    assert 'cargo xtask images "$TAG"' in runs
+    # No --force in automation: a different digest under a published tag must stop the job.
+    assert not any("--force" in r for r in runs)
+    i = runs.index('cargo xtask images "$TAG"')
+    upload = [s for s in steps[i + 1 :] if "upload-artifact" in s.get("uses", "")]
+    assert len(upload) == 1
+    paths = upload[0]["with"]["path"].split()
+    assert "RELEASES.md" in paths and any(p.startswith("target/dist/") for p in paths)
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
 def test_actions_are_pinned_by_commit_with_a_version_comment(path: Path):
     text = path.read_text().splitlines()

@@ -6,6 +6,7 @@ use serde_json::json;
 use xshell::Shell;
 
 use crate::flags;
+use crate::images::reference::ImageRef;
 use crate::release::checksums::{MANIFEST, SUMS};
 use crate::release::verify::{self, BaselineMode};
 use crate::version::{dist_file_stem, normalize_name, ReleaseTag};
@@ -24,6 +25,19 @@ impl flags::Plan {
         let source = verify::source(sh, &ws, &self.tag);
         let (owner, repo) = config.github_owner_repo();
         let index = config.pypi.index_url.trim_end_matches('/');
+        let images: Vec<_> = config
+            .images
+            .images
+            .iter()
+            .map(|i| {
+                json!({
+                    "name": i.name,
+                    "target": config.images.target(i, &version).map(|t| t.to_string()).unwrap_or_default(),
+                    "base": i.base,
+                    "base_pinned": ImageRef::parse(&i.base).is_ok_and(|b| b.is_pinned()),
+                })
+            })
+            .collect();
         let plan = json!({
             "tag": tag.name,
             "version": version,
@@ -53,7 +67,8 @@ impl flags::Plan {
                 {"name": "publish GitHub", "dry_run": "skipped", "target": format!("https://github.com/{owner}/{repo}/releases/tag/{}", tag.name)},
                 {"name": "publish PyPI", "dry_run": "skipped", "target": config.pypi.repository_url,
                  "checks": format!("{index}/{}/", normalize_name(&config.distribution))},
-                {"name": "images", "dry_run": "skipped"},
+                {"name": "images", "dry_run": "skipped", "images": images,
+                 "does": "build, check labels, push by digest unless the tag holds it, record digests"},
                 {"name": "ledger", "dry_run": "skipped", "target": "RELEASES.md"},
             ],
         });
