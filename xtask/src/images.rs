@@ -235,6 +235,9 @@ fn build_one(
         );
     }
     eprintln!("images: {name}: {}@{}: {action}", target.name, built.digest);
+    // A serving image is tens of GB: do not keep a second copy once the registry has it.
+    fs::remove_dir_all(&work)
+        .with_context(|| format!("cannot remove the scratch copy {}", work.display()))?;
     Ok(ManifestImage {
         reference: target_tag,
         digest: built.digest,
