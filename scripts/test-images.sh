@@ -32,8 +32,8 @@
 #      `images` and by `release`); pin-base resolves the tags and writes the digests (one line
 #      each); a real `release <tag> --dry-run` makes the release directory; `images <tag>`
 #      builds, pushes and records both digests (manifest, sha256.sum, RELEASES.md), checked
-#      with skopeo; a second run finds the same digests and pushes nothing; another image under
-#      the tag stops the run until --force replaces it.
+#      with skopeo; a second run, with buildah instead of podman, finds the same digests and
+#      pushes nothing; another image under the tag stops the run until --force replaces it.
 #    The registry is stopped and every image and container made here is removed on exit.
 #
 # Environment: WHEEL (a wheel to use instead of building one), IMAGES_TEST_CACHE,
@@ -132,7 +132,9 @@ prepare() {
     # its crates from the cargo cache this build fills.
     python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: --require-hashes \
         -d "$WHEELS_CACHE" -r "$REPO/xtask/requirements-build.txt" >&2
-    cargo build --quiet --locked -p xtask >&2
+    # The same invocation as scripts/test.sh's, so in the suite this is a no-op (a plain
+    # `cargo build -p xtask` resolves features differently and rebuilds the dependencies).
+    (cd "$REPO" && cargo test --quiet --workspace --locked --no-run >&2)
     (cd "$REPO" && cargo fetch --locked >&2)
     export XTASK_BIN="${CARGO_TARGET_DIR:-$REPO/target}/debug/xtask"
     [ -x "$XTASK_BIN" ] || die "no xtask binary at $XTASK_BIN"
@@ -426,9 +428,9 @@ PY
     xt verify "$tag" >/dev/null 2>&1 || die "the release directory no longer verifies after recording the images"
     log "xtask images: both pushed and recorded (manifest, sha256.sum, RELEASES.md)"
 
-    step "xtask images $tag again: same digests, nothing pushed"
+    step "xtask images $tag again, with buildah: same digests, nothing pushed"
     cp "$XCLONE/RELEASES.md" "$RUN_DIR/releases-1.md"
-    (export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; xt images "$tag") >"$out" 2>&1 \
+    (export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; xt images "$tag" --builder buildah) >"$out" 2>&1 \
         || die "the second xtask images failed:\n$(tail -40 "$out")"
     for r in "${RECIPES[@]}"; do
         grep -q "images: $r: $REG/release/$r@${XDIGEST[$r]}: already there (same digest), nothing pushed" "$out" \
