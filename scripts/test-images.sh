@@ -30,7 +30,7 @@
 #    - `cargo xtask images` and `cargo xtask pin-base` on a clone whose release.toml points at
 #      the loopback registry: a base without a digest is refused before anything is built (by
 #      `images` and by `release`); pin-base resolves the tags and writes the digests (one line
-#      each); a real `release <tag> --dry-run` makes the release directory; `images <tag>`
+#      each, the builder image's too); a real `release <tag> --dry-run` makes the release directory; `images <tag>`
 #      builds, pushes and records both digests (manifest, sha256.sum, RELEASES.md), checked
 #      with skopeo; a second run, with buildah instead of podman, finds the same digests and
 #      pushes nothing; another image under the tag stops the run until --force replaces it.
@@ -380,6 +380,8 @@ text = open(path).read()
 text = re.sub(r'(?m)^registry = ".*"$', f'registry = "{reg}/release"', text, count=1)
 text, n = re.subn(r'(?m)^base = "[^"]*"', f'base = "{base}"', text)
 assert n == 2, n
+text, n = re.subn(r'(?m)^builder_image = "[^"]*"', f'builder_image = "{base}"', text)
+assert n == 1, n
 open(path, "w").write(text)
 PY
     xgit commit --quiet -am "test: images on the loopback registry"
@@ -392,13 +394,14 @@ PY
     [ "$images_before" = "$(podman images --quiet | sort)" ] || die "the refusal pulled or built an image"
 
     step "xtask pin-base: tags -> digests through the registry"
-    xt pin-base >"$out" 2>&1 || die "pin-base failed:\n$(cat "$out")"
+    xt pin-base --builder-image >"$out" 2>&1 || die "pin-base failed:\n$(cat "$out")"
     grep -h 'pinned' "$out" >&2
     local pinned="$base_tag@$BASE_DIGEST"
     [ "$(grep -c "^base = \"$pinned\"" "$XCLONE/release.toml")" -eq 2 ] \
-        || die "pin-base did not write $pinned twice:\n$(grep '^base' "$XCLONE/release.toml")"
-    [ "$(xgit diff --numstat)" = "$(printf '2\t2\trelease.toml')" ] \
-        || die "pin-base changed more than the two base lines:\n$(xgit diff)"
+        && [ "$(grep -c "^builder_image = \"$pinned\"" "$XCLONE/release.toml")" -eq 1 ] \
+        || die "pin-base did not write $pinned three times:\n$(grep -E '^(base|builder_image)' "$XCLONE/release.toml")"
+    [ "$(xgit diff --numstat)" = "$(printf '3\t3\trelease.toml')" ] \
+        || die "pin-base changed more than the two bases and the builder image:\n$(xgit diff)"
     xt pin-base vllm-musa >"$out" 2>&1 && grep -q "unchanged" "$out" || die "a second pin-base is not a no-op:\n$(cat "$out")"
     xgit commit --quiet -am "test: pin the bases"
     xgit tag -f "$tag" >/dev/null

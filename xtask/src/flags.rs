@@ -24,9 +24,10 @@ COMMANDS:
                                 release directory target/dist/<tag>, push them by digest,
                                 record the digests in its manifest and RELEASES.md. A tag that
                                 already holds another digest stops the run unless --force.
-    pin-base [<image>...]       resolve each [[images.image]] base tag through its registry and
+    pin-base [--builder-image] [<image>...]
+                                resolve each [[images.image]] base tag through its registry and
                                 write `@sha256:<digest>` into release.toml (all images if none
-                                is named)
+                                is named; --builder-image: [baseline] builder_image too)
 
 Strict baseline is the default on GitHub Actions (GITHUB_ACTIONS=true).
 Images: the builder is the first of podman, buildah, docker buildx found (or
@@ -77,6 +78,7 @@ pub struct Images {
 #[derive(Debug, PartialEq, Eq)]
 pub struct PinBase {
     pub images: Vec<String>,
+    pub builder_image: bool,
 }
 
 impl Xtask {
@@ -124,11 +126,15 @@ impl Xtask {
                 })
             }
             "pin-base" => {
+                let builder_image = args.flag("--builder-image");
                 let mut images = Vec::new();
                 while let Some(name) = args.next_positional() {
                     images.push(name.to_owned());
                 }
-                Xtask::PinBase(PinBase { images })
+                Xtask::PinBase(PinBase {
+                    images,
+                    builder_image,
+                })
             }
             other => bail!("unknown command `{other}`\n\n{HELP}"),
         };
@@ -244,12 +250,16 @@ mod tests {
         );
         assert_eq!(
             parse("pin-base").unwrap(),
-            Xtask::PinBase(PinBase { images: vec![] })
+            Xtask::PinBase(PinBase {
+                images: vec![],
+                builder_image: false
+            })
         );
         assert_eq!(
-            parse("pin-base vllm-musa sglang-musa").unwrap(),
+            parse("pin-base vllm-musa --builder-image sglang-musa").unwrap(),
             Xtask::PinBase(PinBase {
-                images: vec!["vllm-musa".into(), "sglang-musa".into()]
+                images: vec!["vllm-musa".into(), "sglang-musa".into()],
+                builder_image: true
             })
         );
         assert_eq!(

@@ -1,6 +1,7 @@
-//! `cargo xtask pin-base [<image>...]`: resolve each image's base tag to the digest the registry
-//! serves now and write it into release.toml as `host/path:tag@sha256:<hex>`, comments and
-//! layout kept. The one way a base gets its digest: the builds refuse a base without one.
+//! `cargo xtask pin-base [--builder-image] [<image>...]`: resolve each image's base tag (and
+//! with `--builder-image`, `[baseline] builder_image`) to the digest the registry serves now and
+//! write it into release.toml as `host/path:tag@sha256:<hex>`, comments and layout kept. The one
+//! way a base gets its digest: the builds refuse a base without one.
 
 use anyhow::{bail, Context};
 use xshell::Shell;
@@ -15,7 +16,7 @@ impl flags::PinBase {
     pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
         let ws = Workspace::load(sh)?;
         let images = &ws.config.images.images;
-        if images.is_empty() {
+        if images.is_empty() && !self.builder_image {
             bail!("release.toml [images] names no image ([[images.image]]): nothing to pin");
         }
         for name in &self.images {
@@ -35,28 +36,17 @@ impl flags::PinBase {
             if !self.images.is_empty() && !self.images.contains(&image.name) {
                 continue;
             }
-            let base = ImageRef::parse(&image.base)?;
-            let tag = base.by_tag();
-            let digest = registry::resolve(sh, &tag)?.with_context(|| {
-                format!(
-                    "{}: the registry has no {tag}; check the base's tag in release.toml",
-                    image.name
-                )
-            })?;
-            let pinned = base.with_digest(&digest).to_string();
-            match &base.digest {
-                Some(old) if *old == digest => {
-                    eprintln!("{}: {tag} is still {digest}: unchanged", image.name);
-                    continue;
-                }
-                Some(old) => eprintln!(
-                    "{}: {tag} moved from {old} to {digest}: re-pinned",
-                    image.name
-                ),
-                None => eprintln!("{}: {tag} is {digest}: pinned", image.name),
+            if let Some(pinned) = resolve(sh, &image.name, &image.base)? {
+                text = set_base(&text, &image.name, &pinned)?;
+                changed += 1;
             }
-            text = set_base(&text, &image.name, &pinned)?;
-            changed += 1;
+        }
+        if self.builder_image {
+            let current = &ws.config.baseline.builder_image;
+            if let Some(pinned) = resolve(sh, "builder image", current)? {
+                text = set_builder_image(&text, &pinned)?;
+                changed += 1;
+            }
         }
         if changed > 0 {
             // Never write a file the release would then refuse.
@@ -64,11 +54,51 @@ impl flags::PinBase {
             std::fs::write(&path, &text)
                 .with_context(|| format!("cannot write {}", path.display()))?;
             eprintln!(
-                "{}: {changed} base(s) written; review and commit the change",
+                "{}: {changed} reference(s) pinned; review and commit the change",
                 path.display()
             );
         }
         Ok(())
+    }
+}
+
+/// The pinned form of `reference` when it differs from `reference`; says what happened.
+fn resolve(sh: &Shell, what: &str, reference: &str) -> anyhow::Result<Option<String>> {
+    let base = ImageRef::parse(reference).with_context(|| what.to_owned())?;
+    let tag = base.by_tag();
+    let digest = registry::resolve(sh, &tag)?.with_context(|| {
+        format!("{what}: the registry has no {tag}; check the tag in release.toml")
+    })?;
+    match &base.digest {
+        Some(old) if *old == digest => {
+            eprintln!("{what}: {tag} is still {digest}: unchanged");
+            return Ok(None);
+        }
+        Some(old) => eprintln!("{what}: {tag} moved from {old} to {digest}: re-pinned"),
+        None => eprintln!("{what}: {tag} is {digest}: pinned"),
+    }
+    Ok(Some(base.with_digest(&digest).to_string()))
+}
+
+/// release.toml with `[baseline] builder_image` set, everything else kept.
+pub fn set_builder_image(text: &str, image: &str) -> anyhow::Result<String> {
+    let mut doc: toml_edit::DocumentMut = text.parse().context("release.toml does not parse")?;
+    let item = doc
+        .get_mut("baseline")
+        .and_then(|b| b.get_mut("builder_image"))
+        .context("release.toml has no [baseline] builder_image")?;
+    replace_value(item, image);
+    Ok(doc.to_string())
+}
+
+fn replace_value(item: &mut toml_edit::Item, value: &str) {
+    let decor = item
+        .as_value()
+        .map(|v| v.decor().clone())
+        .unwrap_or_default();
+    *item = toml_edit::value(value);
+    if let Some(v) = item.as_value_mut() {
+        *v.decor_mut() = decor;
     }
 }
 
