@@ -326,7 +326,27 @@ def test_plan_reads_the_builder_image_from_release_toml(release, tagged_repo):
         "builder_image": wanted,
     }
     if "@sha256:" not in wanted:
-        assert "::warning::" in r.stdout
+        assert "::warning::release.toml [baseline] builder_image is pinned by tag only" in r.stdout
+
+
+def test_plan_warns_about_image_bases_without_a_digest(release, tagged_repo):
+    script = step_script(release, "plan", "Read the plan from the tag's release.toml")
+    env = {"TAG": "v9.9.9", "GITHUB_OUTPUT": str(tagged_repo / "out")}
+    r = run_step(script, tagged_repo, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    images = tomllib.loads((tagged_repo / "release.toml").read_text())["images"]["image"]
+    unpinned = [i["name"] for i in images if "@sha256:" not in i["base"]]
+    assert unpinned, "the repository's bases are not pinned yet (no registry access here)"
+    for name in unpinned:
+        assert f"::warning::release.toml [images] {name}: base" in r.stdout, r.stdout
+    # Pinned: no warning for them.
+    toml = (tagged_repo / "release.toml").read_text()
+    toml = re.sub(r'(?m)^(base = "[^"@]*)"', r'\1@sha256:' + "0" * 64 + '"', toml)
+    (tagged_repo / "release.toml").write_text(toml)
+    git(tagged_repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "pin")
+    git(tagged_repo, "tag", "-f", "v9.9.9")
+    r = run_step(script, tagged_repo, env)
+    assert r.returncode == 0 and "[images]" not in r.stdout, r.stdout
 
 
 def test_plan_refuses_a_checkout_that_is_not_the_tag(release, tagged_repo):
