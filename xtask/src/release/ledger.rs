@@ -200,6 +200,60 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_lists_places_artifacts_and_images_and_keeps_its_places_on_rewrite() {
+        use crate::release::checksums::ManifestImage;
+        let ws = Workspace {
+            root: std::path::PathBuf::from("/nonexistent"),
+            config: crate::ReleaseConfig::parse(include_str!("../../../release.toml")).unwrap(),
+        };
+        let source = Source {
+            tag: "v0.1.0".into(),
+            version: "0.1.0".into(),
+            commit: "c".repeat(40),
+            commit_time: 1_700_000_000,
+        };
+        let manifest: Manifest = serde_json::from_value(serde_json::json!({
+            "dist_version": "xtask 0.1.0", "announcement_tag": "v0.1.0",
+            "announcement_is_prerelease": false, "source": {}, "releases": [],
+            "artifacts": {"w.whl": {"name": "w.whl", "kind": "python-wheel", "size": 5,
+                                    "checksums": {"sha256": "a".repeat(64)}}},
+            "upload_files": [], "baseline": {}, "tools": {}, "build": {}, "audit": {},
+        }))
+        .unwrap();
+        let mut with_images = manifest.clone();
+        with_images.images.insert(
+            "vllm-musa".into(),
+            ManifestImage {
+                reference: "ghcr.io/o/vllm-musa:0.1.0".into(),
+                digest: format!("sha256:{}", "d".repeat(64)),
+                base: format!("r.example/vllm:1@sha256:{}", "b".repeat(64)),
+                recipe: "images/vllm-musa".into(),
+                wheel_sha256: "a".repeat(64),
+            },
+        );
+        let places = [Place {
+            name: "PyPI".into(),
+            url: "https://p/1".into(),
+        }];
+        let first = upsert("", "v0.1.0", &entry(&ws, &source, &manifest, &places));
+        assert!(!first.contains("| image |"));
+        // What `cargo xtask images` does: rewrite the entry with the places it already had.
+        let kept = places_in(&first, "v0.1.0");
+        let second = upsert(&first, "v0.1.0", &entry(&ws, &source, &with_images, &kept));
+        assert!(
+            second.contains("- Published: PyPI <https://p/1>"),
+            "{second}"
+        );
+        assert!(second.contains(&format!(
+            "| `ghcr.io/o/vllm-musa:0.1.0` | `sha256:{}` | `r.example/vllm:1@sha256:{}` |",
+            "d".repeat(64),
+            "b".repeat(64)
+        )));
+        assert!(second.contains(&format!("| `w.whl` | 5 | `{}` |", "a".repeat(64))));
+        assert_eq!(second.matches("<!-- release v0.1.0 -->").count(), 1);
+    }
+
+    #[test]
     fn places_are_read_back_from_an_entry() {
         let ledger =
             "# Releases\n\n<!-- release v0.2.0 -->\n## v0.2.0\n- Published: PyPI <https://p/2>\n\
