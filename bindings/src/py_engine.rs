@@ -23,12 +23,7 @@ pub struct PyTransferEngine {
 
 /// The one request of a single-transfer call.
 fn single(op: OpCode, local: u64, remote: u64, len: u64) -> Result<Vec<Request>, BindingError> {
-    Ok(vec![Request {
-        op,
-        local,
-        remote,
-        len,
-    }])
+    Ok(vec![Request::new(op, local, remote, len)])
 }
 
 impl PyTransferEngine {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgAction, Parser, ValueEnum};
 
-use crate::{Config, OpCode, Request, TransferEngine};
+use crate::{Config, HostBuffer, OpCode, Request, TransferEngine};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -127,7 +127,13 @@ fn run(flags: Flags) -> Result<(), String> {
     }
     let engine =
         TransferEngine::new(&host, &flags.metadata_server, config).map_err(|e| e.to_string())?;
-    let buffer = Buffer::new(flags.buffer_size as usize, 0xCC)?;
+    let mut buffer = HostBuffer::try_new(flags.buffer_size as usize).ok_or_else(|| {
+        format!(
+            "cannot allocate {} bytes for --buffer_size",
+            flags.buffer_size
+        )
+    })?;
+    buffer.bytes_mut().fill(0xCC);
     engine
         .register_memory(buffer.addr(), flags.buffer_size, "cpu:0")
         .map_err(|e| e.to_string())?;
@@ -148,7 +154,7 @@ fn run(flags: Flags) -> Result<(), String> {
 fn initiate(
     flags: &Flags,
     engine: &TransferEngine,
-    buffer: &Buffer,
+    buffer: &HostBuffer,
     unit: (f64, &str),
 ) -> Result<(), String> {
     if flags.segment_id.is_empty() {
@@ -266,40 +272,6 @@ fn unit_divisor(unit: &str) -> Result<(f64, &'static str), String> {
         }
     })
 }
-
-/// A page-aligned heap buffer that outlives every transfer of the run.
-struct Buffer {
-    ptr: *mut u8,
-    layout: std::alloc::Layout,
-}
-
-impl Buffer {
-    fn new(len: usize, fill: u8) -> Result<Self, String> {
-        let layout = std::alloc::Layout::from_size_align(len, 4096).map_err(|e| e.to_string())?;
-        // SAFETY: non-zero size checked by the caller (buffer_size >= block_size > 0).
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
-            return Err(format!("cannot allocate {len} bytes for --buffer_size"));
-        }
-        // SAFETY: freshly allocated, `len` bytes.
-        unsafe { std::ptr::write_bytes(ptr, fill, len) };
-        Ok(Self { ptr, layout })
-    }
-
-    fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-}
-
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
-    }
-}
-
-// SAFETY: the buffer is only a target of transfers; ownership stays with `run`.
-unsafe impl Sync for Buffer {}
 
 fn hostname() -> String {
     let mut buf = [0u8; 256];

@@ -39,6 +39,18 @@ pub struct Request {
     pub len: u64,
 }
 
+impl Request {
+    /// `op` of `len` bytes between local `local` and remote `remote`.
+    pub const fn new(op: OpCode, local: u64, remote: u64, len: u64) -> Self {
+        Self {
+            op,
+            local,
+            remote,
+            len,
+        }
+    }
+}
+
 /// A notification received from a peer.
 pub type Notify = NotifyMsg;
 

@@ -34,38 +34,7 @@ pub fn fnv(bytes: &[u8]) -> u64 {
 }
 
 /// A page-aligned, zeroed heap buffer.
-pub struct Buf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-unsafe impl Send for Buf {}
-unsafe impl Sync for Buf {}
-
-impl Buf {
-    pub fn new(len: usize) -> Self {
-        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null());
-        Self { ptr, len }
-    }
-    pub fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-    pub fn bytes(&self) -> &[u8] {
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len, 4096).unwrap();
-        unsafe { std::alloc::dealloc(self.ptr, layout) };
-    }
-}
+pub use transfer_engine::HostBuffer as Buf;
 
 /// A local engine on loopback.
 pub fn engine() -> TransferEngine {

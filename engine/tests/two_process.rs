@@ -12,15 +12,6 @@ fn peer_process() {
     common::peer_main();
 }
 
-fn req(op: OpCode, local: u64, remote: u64, len: u64) -> Request {
-    Request {
-        op,
-        local,
-        remote,
-        len,
-    }
-}
-
 #[test]
 fn data_moves_both_ways_with_bytes_verified() {
     let len = 8 << 20;
@@ -30,14 +21,14 @@ fn data_moves_both_ways_with_bytes_verified() {
 
     // Read the peer's original pattern: one large request (striped) and small ones.
     let reqs = [
-        req(OpCode::Read, local.addr(), peer.addr, 6 << 20),
-        req(
+        Request::new(OpCode::Read, local.addr(), peer.addr, 6 << 20),
+        Request::new(
             OpCode::Read,
             local.addr() + (6 << 20),
             peer.addr + (6 << 20),
             1,
         ),
-        req(
+        Request::new(
             OpCode::Read,
             local.addr() + (6 << 20) + 1,
             peer.addr + (6 << 20) + 1,
@@ -56,7 +47,7 @@ fn data_moves_both_ways_with_bytes_verified() {
     unsafe {
         e.transfer_sync(
             &peer.session,
-            &[req(OpCode::Write, local.addr(), peer.addr, len)],
+            &[Request::new(OpCode::Write, local.addr(), peer.addr, len)],
         )
     }
     .unwrap();
@@ -67,7 +58,7 @@ fn data_moves_both_ways_with_bytes_verified() {
     unsafe {
         e.transfer_sync(
             &peer.session,
-            &[req(OpCode::Read, local.addr(), peer.addr, len)],
+            &[Request::new(OpCode::Read, local.addr(), peer.addr, len)],
         )
     }
     .unwrap();
@@ -86,12 +77,12 @@ fn unregistered_and_out_of_bounds_addresses_are_rejected_and_untouched() {
     let local = Buf::new(2 << 20);
     let before = peer.hash(peer.addr - GUARD, len + 2 * GUARD);
     let reqs = [
-        req(OpCode::Write, local.addr(), peer.addr - GUARD, 4096), // unregistered guard zone
-        req(OpCode::Write, local.addr(), peer.addr + len - 10, 4096), // crosses the end
-        req(OpCode::Write, local.addr(), peer.addr - 1, 2),        // crosses the start
-        req(OpCode::Read, local.addr(), peer.addr + len, 1),       // just past the end
-        req(OpCode::Write, local.addr(), peer.addr, 0),            // zero length: nothing to do
-        req(OpCode::Write, local.addr(), 0x10, 16),                // far away
+        Request::new(OpCode::Write, local.addr(), peer.addr - GUARD, 4096), // unregistered guard zone
+        Request::new(OpCode::Write, local.addr(), peer.addr + len - 10, 4096), // crosses the end
+        Request::new(OpCode::Write, local.addr(), peer.addr - 1, 2),        // crosses the start
+        Request::new(OpCode::Read, local.addr(), peer.addr + len, 1),       // just past the end
+        Request::new(OpCode::Write, local.addr(), peer.addr, 0), // zero length: nothing to do
+        Request::new(OpCode::Write, local.addr(), 0x10, 16),     // far away
     ];
     let batch = unsafe { e.submit(&peer.session, &reqs) }.unwrap();
     assert!(batch.wait_until(Instant::now() + Duration::from_secs(10)));
@@ -219,7 +210,7 @@ fn a_peer_dying_mid_batch_fails_the_batch_quickly() {
     let reqs: Vec<Request> = (0..4096)
         .map(|i| {
             let off = (i % 16) * (4 << 20);
-            req(OpCode::Write, local.addr() + off, peer.addr + off, 4 << 20)
+            Request::new(OpCode::Write, local.addr() + off, peer.addr + off, 4 << 20)
         })
         .collect(); // 16 GiB in total: far more than moves before the kill
     let started = Instant::now();
@@ -259,7 +250,7 @@ fn sixteen_threads_share_one_peer() {
                     let chunk = per_thread / 8;
                     let writes: Vec<Request> = (0..8)
                         .map(|k| {
-                            req(
+                            Request::new(
                                 OpCode::Write,
                                 buf.addr() + k * chunk,
                                 remote + k * chunk,
@@ -297,7 +288,7 @@ fn a_batch_of_ten_thousand_requests_succeeds() {
     local.bytes_mut().copy_from_slice(&data);
     let reqs: Vec<Request> = (0..n)
         .map(|i| {
-            req(
+            Request::new(
                 OpCode::Write,
                 local.addr() + i * block,
                 peer.addr + i * block,
@@ -323,7 +314,7 @@ fn memory_registered_after_first_contact_is_found() {
     unsafe {
         e.transfer_sync(
             target.session_id(),
-            &[req(OpCode::Read, local.addr(), 0x1000, 0)],
+            &[Request::new(OpCode::Read, local.addr(), 0x1000, 0)],
         )
     }
     .unwrap();
@@ -332,7 +323,7 @@ fn memory_registered_after_first_contact_is_found() {
     unsafe {
         e.transfer_sync(
             target.session_id(),
-            &[req(OpCode::Read, local.addr(), mem.addr(), 4096)],
+            &[Request::new(OpCode::Read, local.addr(), mem.addr(), 4096)],
         )
     }
     .unwrap();

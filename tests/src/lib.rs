@@ -113,57 +113,7 @@ pub fn shuffled(n: usize, seed: u64) -> Vec<usize> {
 // ---------------------------------------------------------------------------------------
 
 /// A page-aligned, zeroed heap buffer.
-pub struct Buf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: a plain owned allocation; access goes through &self / &mut self.
-unsafe impl Send for Buf {}
-// SAFETY: as above.
-unsafe impl Sync for Buf {}
-
-impl Buf {
-    /// `len` zeroed bytes at a 4096-aligned address.
-    pub fn new(len: usize) -> Self {
-        assert!(len > 0);
-        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
-        // SAFETY: non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "allocation of {len} bytes failed");
-        Self { ptr, len }
-    }
-    /// Its address.
-    pub fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-    /// Its length.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether it is empty (never).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Its bytes.
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: owned allocation of `len` initialised bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-    /// Its bytes, mutably.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as above, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len, 4096).unwrap();
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, layout) };
-    }
-}
+pub use transfer_engine::HostBuffer as Buf;
 
 // ---------------------------------------------------------------------------------------
 // Child processes

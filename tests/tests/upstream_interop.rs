@@ -27,15 +27,6 @@ fn engine(config: Config) -> TransferEngine {
     TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).expect("our engine starts")
 }
 
-fn req(op: OpCode, local: u64, remote: u64, len: u64) -> Request {
-    Request {
-        op,
-        local,
-        remote,
-        len,
-    }
-}
-
 fn assert_pattern(data: &[u8], seed: u64, offset: u64, what: &str) {
     if let Some(bad) = first_mismatch(data, seed, offset) {
         panic!("{what}: differs from pattern({seed}) at offset {bad}");
@@ -95,14 +86,13 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
     );
 
     // 1. One read of the whole buffer.
-    unsafe { e.transfer_sync(&sid, &[req(OpCode::Read, local.addr(), rb, N)]) }.unwrap_or_else(
-        |err| {
+    unsafe { e.transfer_sync(&sid, &[Request::new(OpCode::Read, local.addr(), rb, N)]) }
+        .unwrap_or_else(|err| {
             panic!(
                 "read of upstream buffer failed: {err}\n{}",
                 t.stderr_tail(30)
             )
-        },
-    );
+        });
     assert_pattern(local.bytes(), original, 0, "upstream buffer as read");
 
     // 2. A batch of many writes, local block j -> remote block perm[j] (odd block size).
@@ -125,7 +115,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
     let reqs: Vec<Request> = bl
         .iter()
         .enumerate()
-        .map(|(j, &(off, len))| req(OpCode::Write, la + off, rb + bl[perm[j]].0, len))
+        .map(|(j, &(off, len))| Request::new(OpCode::Write, la + off, rb + bl[perm[j]].0, len))
         .collect();
     let t0 = Instant::now();
     unsafe { e.transfer_sync(&sid, &reqs) }.unwrap_or_else(|err| {
@@ -150,7 +140,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
     let mut local_map = Vec::with_capacity(k); // (local offset, remote offset, len)
     for j in (0..k).rev() {
         let (roff, len) = bl[j];
-        reqs.push(req(OpCode::Read, la + loff, rb + roff, len));
+        reqs.push(Request::new(OpCode::Read, la + loff, rb + roff, len));
         local_map.push((loff, roff, len));
         loff += len;
     }
@@ -167,7 +157,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
 
     // 4. One large write (striped by us) and one large read into a cleared buffer.
     fill_pattern(local.bytes_mut(), single_seed, 0);
-    unsafe { e.transfer_sync(&sid, &[req(OpCode::Write, la, rb, N)]) }
+    unsafe { e.transfer_sync(&sid, &[Request::new(OpCode::Write, la, rb, N)]) }
         .unwrap_or_else(|err| panic!("single write failed: {err}\n{}", t.stderr_tail(30)));
     landed(
         &mut t,
@@ -175,7 +165,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
         "upstream buffer after the single write",
     );
     local.bytes_mut().fill(0);
-    unsafe { e.transfer_sync(&sid, &[req(OpCode::Read, la, rb, N)]) }
+    unsafe { e.transfer_sync(&sid, &[Request::new(OpCode::Read, la, rb, N)]) }
         .unwrap_or_else(|err| panic!("single read failed: {err}\n{}", t.stderr_tail(30)));
     assert_pattern(local.bytes(), single_seed, 0, "single read-back");
 
@@ -216,21 +206,24 @@ fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
     let rejected = [
         (
             "write crossing the end",
-            req(OpCode::Write, la, rb + size - 32, 64),
+            Request::new(OpCode::Write, la, rb + size - 32, 64),
         ),
         (
             "read crossing the end",
-            req(OpCode::Read, la, rb + size - 32, 64),
+            Request::new(OpCode::Read, la, rb + size - 32, 64),
         ),
         (
             "write just past the end",
-            req(OpCode::Write, la, rb + size, 1),
+            Request::new(OpCode::Write, la, rb + size, 1),
         ),
         (
             "write crossing the start",
-            req(OpCode::Write, la, rb - 16, 32),
+            Request::new(OpCode::Write, la, rb - 16, 32),
         ),
-        ("write far away", req(OpCode::Write, la, 0x1000, 4096)),
+        (
+            "write far away",
+            Request::new(OpCode::Write, la, 0x1000, 4096),
+        ),
     ];
     for (what, r) in rejected {
         let t0 = Instant::now();
@@ -256,9 +249,9 @@ fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
     let good = 8192u64;
     fill_pattern(&mut local.bytes_mut()[..good as usize], seed, size - good);
     let reqs = [
-        req(OpCode::Write, la, rb + size - good, good),
-        req(OpCode::Write, la, rb + size - good / 2, good),
-        req(OpCode::Read, la + good, rb, 4096),
+        Request::new(OpCode::Write, la, rb + size - good, good),
+        Request::new(OpCode::Write, la, rb + size - good / 2, good),
+        Request::new(OpCode::Read, la + good, rb, 4096),
     ];
     let batch = unsafe { e.submit(&sid, &reqs) }.expect("submit");
     assert!(
