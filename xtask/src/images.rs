@@ -42,18 +42,37 @@ const LABEL_BASE_DIGEST: &str = "org.opencontainers.image.base.digest";
 const LABEL_SOURCE: &str = "org.opencontainers.image.source";
 const LABEL_WHEEL_SHA256: &str = "io.github.mooncake-musa.wheel.sha256";
 
-#[derive(Debug, Clone, Default)]
-pub struct Options {
-    pub force: bool,
-    pub builder: Option<String>,
-}
-
 /// An image ready to build: its recipe and its pinned base.
 #[derive(Debug, Clone)]
 pub struct Planned {
     pub recipe: ImageRecipe,
     pub base: ImageRef,
     pub base_digest: String,
+}
+
+/// What the images phase will build, and with what: checked before anything is built.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub images: Vec<Planned>,
+    pub builder: Builder,
+}
+
+impl Plan {
+    /// [`preflight`], then a builder (`wanted`, else the first found) and skopeo.
+    pub fn check(sh: &Shell, ws: &Workspace, wanted: Option<&str>) -> anyhow::Result<Plan> {
+        let images = preflight(ws)?;
+        let builder = Builder::choose(sh, wanted)?;
+        registry::check_skopeo(sh)?;
+        Ok(Plan { images, builder })
+    }
+
+    pub fn summary(&self) -> String {
+        format!(
+            "{} image(s), every base pinned by digest, builder {}",
+            self.images.len(),
+            self.builder.name()
+        )
+    }
 }
 
 /// Everything that can be refused before anything is pulled or built: no image configured,
@@ -113,26 +132,33 @@ pub fn build_and_push(
     source: &Source,
     dist: &Path,
     manifest: &Manifest,
-    opts: &Options,
+    plan: &Plan,
+    force: bool,
 ) -> anyhow::Result<BTreeMap<String, ManifestImage>> {
-    let planned = preflight(ws)?;
-    let builder = Builder::choose(sh, opts.builder.as_deref())?;
-    registry::check_skopeo(sh)?;
     let (wheel, wheel_sha256) = release_wheel(dist, manifest)?;
     // A login from the environment goes to a file of our own, not the user's ~/.config;
     // without one, the builders' and skopeo's usual credentials apply.
     let _auth = login(sh, ws)?;
     eprintln!(
         "images: {} with {}, wheel {} ({wheel_sha256})",
-        planned.len(),
-        builder.name(),
+        plan.images.len(),
+        plan.builder.name(),
         checksums::file_name(&wheel)?
     );
 
     let mut records = BTreeMap::new();
-    for image in &planned {
-        let record = build_one(sh, ws, source, &wheel, &wheel_sha256, image, builder, opts)
-            .with_context(|| format!("image {}", image.recipe.name))?;
+    for image in &plan.images {
+        let record = build_one(
+            sh,
+            ws,
+            source,
+            &wheel,
+            &wheel_sha256,
+            image,
+            plan.builder,
+            force,
+        )
+        .with_context(|| format!("image {}", image.recipe.name))?;
         records.insert(image.recipe.name.clone(), record);
     }
     Ok(records)
@@ -147,7 +173,7 @@ fn build_one(
     wheel_sha256: &str,
     image: &Planned,
     builder: Builder,
-    opts: &Options,
+    force: bool,
 ) -> anyhow::Result<ManifestImage> {
     let name = &image.recipe.name;
     let work = ws.scratch_dir().join("images").join(name);
@@ -198,7 +224,7 @@ fn build_one(
         Some(there) if there == built.digest => {
             "already there (same digest), nothing pushed".to_owned()
         }
-        Some(there) if !opts.force => bail!(
+        Some(there) if !force => bail!(
             "{target_tag} already holds {there}, but this build of {name} is {}: not overwriting. \
              A release's images must not change under its tag; find out why the build differs \
              (base, wheel, recipe). Re-run with --force only to replace the image deliberately.",
@@ -213,9 +239,12 @@ fn build_one(
                 &target_tag,
                 &work.join("pushed.digest"),
             )?;
-            if pushed != built.digest {
+            // The tag must now name this build: what skopeo wrote, and what the registry serves.
+            let now = registry::resolve(sh, &target_tag)?;
+            if pushed != built.digest || now.as_deref() != Some(built.digest.as_str()) {
                 bail!(
-                    "{target_tag}: the registry recorded {pushed}, the build is {}",
+                    "{target_tag}: pushed {pushed}, the registry serves {}, the build is {}",
+                    now.as_deref().unwrap_or("nothing"),
                     built.digest
                 );
             }
@@ -225,15 +254,6 @@ fn build_one(
             }
         }
     };
-    // Whatever happened, the tag must now name this build.
-    let now = registry::resolve(sh, &target_tag)?;
-    if now.as_deref() != Some(built.digest.as_str()) {
-        bail!(
-            "{target_tag} resolves to {}, not the build's {}",
-            now.as_deref().unwrap_or("nothing"),
-            built.digest
-        );
-    }
     eprintln!("images: {name}: {}@{}: {action}", target.name, built.digest);
     // A serving image is tens of GB: do not keep a second copy once the registry has it.
     fs::remove_dir_all(&work)
@@ -419,12 +439,10 @@ impl flags::Images {
     }
 
     fn run_phases(&self, sh: &Shell, ws: &Workspace, phases: &mut Phases) -> anyhow::Result<()> {
-        phases.run("check images", || {
-            let planned = preflight(ws)?;
-            Ok((
-                (),
-                format!("{} image(s), every base pinned by digest", planned.len()),
-            ))
+        let plan = phases.run("check images", || {
+            let plan = Plan::check(sh, ws, self.builder.as_deref())?;
+            let outcome = plan.summary();
+            Ok((plan, outcome))
         })?;
         let source = phases.run("verify source", || {
             let s = verify::source(sh, ws, &self.tag)?;
@@ -439,12 +457,8 @@ impl flags::Images {
                 format!("{} matches its {}", dist.display(), checksums::SUMS),
             ))
         })?;
-        let opts = Options {
-            force: self.force,
-            builder: self.builder.clone(),
-        };
         let images = phases.run("images", || {
-            let images = build_and_push(sh, ws, &source, &dist, &manifest, &opts)?;
+            let images = build_and_push(sh, ws, &source, &dist, &manifest, &plan, self.force)?;
             let outcome = images
                 .values()
                 .map(|i| format!("{}@{}", i.reference, i.digest))

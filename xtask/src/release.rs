@@ -63,20 +63,15 @@ fn run_phases(
         let outcome = r.outcome();
         Ok((r, outcome))
     })?;
-    let with_images = !cmd.dry_run && !cmd.skip_images;
-    if with_images {
-        phases.run("check images", || {
-            let planned = images::preflight(ws)?;
-            let builder = images::builder::Builder::choose(sh, None)?;
-            images::registry::check_skopeo(sh)?;
-            let outcome = format!(
-                "{} image(s), bases pinned by digest, builder {}",
-                planned.len(),
-                builder.name()
-            );
-            Ok(((), outcome))
-        })?;
-    }
+    let image_plan = if !cmd.dry_run && !cmd.skip_images {
+        Some(phases.run("check images", || {
+            let plan = images::Plan::check(sh, ws, None)?;
+            let outcome = plan.summary();
+            Ok((plan, outcome))
+        })?)
+    } else {
+        None
+    };
     let built = phases.run("build", || {
         let b = build::build(sh, ws, &source)?;
         let outcome = format!("{}, {}", file_name(&b.wheel), file_name(&b.sdist));
@@ -130,10 +125,9 @@ fn run_phases(
         let outcome = r.summary();
         Ok((r, outcome))
     })?;
-    let pushed = if with_images {
+    let pushed = if let Some(plan) = &image_plan {
         phases.run("images", || {
-            let opts = images::Options::default();
-            let pushed = images::build_and_push(sh, ws, &source, &dist, &manifest, &opts)?;
+            let pushed = images::build_and_push(sh, ws, &source, &dist, &manifest, plan, false)?;
             let outcome = pushed
                 .values()
                 .map(|i| i.by_digest())

@@ -16,6 +16,8 @@ use anyhow::{bail, format_err, Context};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::images::reference::ImageRef;
+
 pub const SUMS: &str = "sha256.sum";
 pub const MANIFEST: &str = "dist-manifest.json";
 
@@ -57,10 +59,9 @@ pub struct ManifestImage {
 impl ManifestImage {
     /// `host/path@sha256:<hex>`.
     pub fn by_digest(&self) -> String {
-        let name = match self.reference.rsplit_once(':') {
-            Some((name, tag)) if !tag.contains('/') => name,
-            _ => &self.reference,
-        };
+        let name = ImageRef::parse(&self.reference)
+            .map(|r| r.name)
+            .unwrap_or_else(|_| self.reference.clone());
         format!("{name}@{}", self.digest)
     }
 }

@@ -79,25 +79,7 @@ impl Fixture {
     }
 
     pub fn git(&self, args: &[&str]) -> String {
-        let out = Command::new("git")
-            .args(args)
-            .current_dir(&self.dir)
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_AUTHOR_NAME", "Release Test")
-            .env("GIT_AUTHOR_EMAIL", "release@test.invalid")
-            .env("GIT_COMMITTER_NAME", "Release Test")
-            .env("GIT_COMMITTER_EMAIL", "release@test.invalid")
-            .env("GIT_AUTHOR_DATE", "1700000000 +0000")
-            .env("GIT_COMMITTER_DATE", "1700000000 +0000")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+        git_in(&self.dir, args)
     }
 
     pub fn commit(&self, msg: &str) -> String {
@@ -151,6 +133,30 @@ impl Run {
 }
 
 /// Runs the built xtask on `root` with a controlled environment.
+/// `git args` in `dir`, isolated from the user's configuration, with a fixed identity and
+/// date; panics with git's message on failure.
+pub fn git_in(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "Release Test")
+        .env("GIT_AUTHOR_EMAIL", "release@test.invalid")
+        .env("GIT_COMMITTER_NAME", "Release Test")
+        .env("GIT_COMMITTER_EMAIL", "release@test.invalid")
+        .env("GIT_AUTHOR_DATE", "1700000000 +0000")
+        .env("GIT_COMMITTER_DATE", "1700000000 +0000")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
 pub fn xtask_in(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_xtask"));
     cmd.args(args)
