@@ -8,7 +8,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BENCH="${BENCH:-$REPO/target/release/transfer_engine_bench}"
 export MC_LOG_LEVEL="${MC_LOG_LEVEL:-WARNING}"
 DURATION="${DURATION:-5}" BLOCK="${BLOCK:-4194304}" BATCH="${BATCH:-64}"
-[ -x "$BENCH" ] || { echo "demo: $BENCH not built; run: cargo build --release -p transfer-engine" >&2; exit 1; }
+[ -x "$BENCH" ] || { echo "demo: $BENCH not built; run: cargo build --release -p transfer-engine-bench" >&2; exit 1; }
 
 out="$(mktemp)"; trap 'kill "$tpid" 2>/dev/null || true; wait 2>/dev/null || true; rm -f "$out"' EXIT
 "$BENCH" --mode=target --local_server_name=127.0.0.1 --buffer_size=$((BLOCK * BATCH)) >"$out" &

@@ -7,5 +7,5 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 scripts/install-deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --locked -p transfer-engine
+cargo build --release --locked -p transfer-engine-bench
 scripts/demo.sh

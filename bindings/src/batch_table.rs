@@ -86,30 +86,38 @@ impl BatchTable {
         self.len() == 0
     }
 
-    /// Cancels every batch held and forgets them (the engine object is going away).
+    /// Cancels every batch held, drains them (their memory is no longer touched when this
+    /// returns) and forgets them (the engine object is going away).
     pub fn cancel_all(&self) {
-        for (_, e) in self.entries.lock().drain() {
-            e.batch.cancel();
+        let held: Vec<Entry> = self.entries.lock().drain().map(|(_, e)| e).collect();
+        for e in held {
+            e.batch.cancel_and_drain();
         }
     }
 
-    /// One non-blocking look at batch `id` at time `now`.
+    /// One look at batch `id` at time `now`. It does not wait for the peer; once the
+    /// deadline has passed, it drains the batch (cutting its connections) before it
+    /// reports the timeout, so the caller may free the memory at once.
     pub fn poll(&self, id: u64, now: Instant) -> Result<Poll, BindingError> {
-        let mut entries = self.entries.lock();
-        let entry = entries.get(&id).ok_or(BindingError::UnknownBatch(id))?;
-        if entry.batch.is_finished() {
-            let result = outcome(&entry.batch, &entry.target);
-            entries.remove(&id);
-            return Ok(match result {
-                Ok(()) => Poll::Completed,
-                Err(e) => Poll::Failed(e),
-            });
-        }
-        if now >= entry.batch.deadline() {
-            entry.batch.cancel();
-            return Ok(Poll::TimedOut);
-        }
-        Ok(Poll::Pending)
+        let batch = {
+            let mut entries = self.entries.lock();
+            let entry = entries.get(&id).ok_or(BindingError::UnknownBatch(id))?;
+            if entry.batch.is_finished() {
+                let result = outcome(&entry.batch, &entry.target);
+                entries.remove(&id);
+                return Ok(match result {
+                    Ok(()) => Poll::Completed,
+                    Err(e) => Poll::Failed(e),
+                });
+            }
+            if now < entry.batch.deadline() {
+                return Ok(Poll::Pending);
+            }
+            entry.batch.clone()
+        };
+        // Outside the table's lock: other threads keep polling their batches meanwhile.
+        batch.cancel_and_drain();
+        Ok(Poll::TimedOut)
     }
 
     /// Waits for every batch in `ids`, each until its own deadline; frees them all.
@@ -137,14 +145,15 @@ impl BatchTable {
                 .try_for_each(|e| wait(&e.batch, &e.target, interrupted)),
         };
         if result.is_err() {
-            picked.iter().for_each(|e| e.batch.cancel());
+            picked.iter().for_each(|e| e.batch.cancel_and_drain());
         }
         result
     }
 }
 
 /// Waits for `batch` (submitted to `target`) until its deadline. On a timeout or
-/// interrupt the batch is canceled, so parts not yet sent are skipped.
+/// interrupt the batch is canceled and drained: parts not yet sent are skipped, and the
+/// connections carrying parts in flight are cut, so the memory is free on return.
 pub fn wait(
     batch: &Batch,
     target: &str,
@@ -157,7 +166,7 @@ pub fn wait(
             return outcome(batch, target);
         }
         if Instant::now() >= deadline {
-            batch.cancel();
+            batch.cancel_and_drain();
             return Err(BindingError::Transfer {
                 what: describe(batch.len(), None),
                 target: target.to_string(),
@@ -167,7 +176,7 @@ pub fn wait(
             });
         }
         if interrupted() {
-            batch.cancel();
+            batch.cancel_and_drain();
             return Err(BindingError::Interrupted);
         }
     }

@@ -51,5 +51,5 @@ pub fn topology_dump_main(args: &[String]) -> i32 {
 
 /// `transfer_engine_bench ...`: the engine's benchmark, upstream's flags.
 pub fn bench_main(args: &[String]) -> i32 {
-    transfer_engine::bench::main_with_args(args.iter().cloned())
+    transfer_engine_bench::main_with_args(args.iter().cloned())
 }

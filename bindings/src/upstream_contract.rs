@@ -195,9 +195,10 @@ impl ContractEngine {
         interrupted: &dyn Fn() -> bool,
     ) -> Result<(), BindingError> {
         let engine = self.engine()?;
-        // SAFETY: the caller guarantees the local ranges; the wait below covers the batch's
-        // life except after a timeout, when unsent parts are canceled (as upstream, whose
-        // sync calls also return while a timed-out request may still be on the wire).
+        // SAFETY: the caller guarantees the local ranges for the call; the wait below
+        // returns only once the batch finished or was drained (timeout, interrupt), so no
+        // engine thread touches them after this call returns (upstream's sync calls do not
+        // guarantee that).
         let batch = unsafe { engine.submit(target, requests) }?;
         batch_table::wait(&batch, target, interrupted)?;
         if let Some(n) = notify {
@@ -209,7 +210,8 @@ impl ContractEngine {
     /// `batch_transfer_async*` and `transfer_submit_write`: submits; returns the batch id.
     ///
     /// # Safety
-    /// Every local range must stay valid until a status call reports the batch finished.
+    /// Every local range must stay valid until a status call reports the batch finished,
+    /// failed or timed out (each drains it first).
     pub unsafe fn submit(&self, target: &str, requests: &[Request]) -> Result<u64, BindingError> {
         let engine = self.engine()?;
         // SAFETY: forwarded to the caller.

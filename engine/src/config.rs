@@ -84,6 +84,9 @@ pub struct Config {
     /// `MC_TCP_PIPELINE_DEPTH` (ours): requests in flight per lane before the
     /// sender waits for replies.
     pub tcp_pipeline_depth: usize,
+    /// `MC_TCP_LINK_IDLE_SEC` (ours): connections and lane threads to a peer are closed
+    /// after this long without work (or once the peer is gone); reopened on next use.
+    pub tcp_link_idle_timeout: Duration,
     /// `MC_TCP_BIND_ADDRESS`: address the listeners bind to and advertise.
     pub tcp_bind_address: Option<IpAddr>,
     /// `MC_USE_IPV6`.
@@ -109,6 +112,7 @@ impl Default for Config {
             tcp_lanes_per_peer: default_lanes(),
             tcp_stripe_size: 4 << 20,
             tcp_pipeline_depth: 16,
+            tcp_link_idle_timeout: Duration::from_secs(120),
             tcp_bind_address: None,
             use_ipv6: false,
             log_level: LogLevel::Info,
@@ -231,6 +235,9 @@ impl Config {
                 return Err(env.error("MC_TCP_PIPELINE_DEPTH", "1 to 1024"));
             }
             c.tcp_pipeline_depth = n;
+        }
+        if let Some(s) = env.int::<u64>("MC_TCP_LINK_IDLE_SEC", "whole seconds, at least 1")? {
+            c.tcp_link_idle_timeout = Duration::from_secs(nonzero("MC_TCP_LINK_IDLE_SEC", s)?);
         }
         if let Some(v) = get("MC_TCP_BIND_ADDRESS") {
             let ip = v.trim().parse::<IpAddr>().map_err(|_| ConfigError {

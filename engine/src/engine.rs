@@ -2,7 +2,6 @@
 //! writes to peer segments, wait, notify, probe.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,12 +14,11 @@ use crate::metadata::handshake::{self, HandshakeServer};
 use crate::metadata::{MetadataStore, P2pStore};
 use crate::net;
 use crate::task::BatchState;
-use crate::transport::tcp::client::PeerLink;
-use crate::transport::tcp::server::TcpServer;
-use crate::transport::tcp::Slice;
+use crate::transport::tcp::TcpTransport;
+use crate::transport::{Slice, Transport};
 use crate::wire::descriptor::{BufferDesc, NotifyMsg, SegmentDesc, PROBE_REPLY};
 use crate::wire::handshake::MessageType;
-use crate::wire::session::HostPort;
+use crate::wire::session::{HostPort, SegmentId};
 use crate::wire::tcp::OpCode;
 
 /// The connection string of peer-to-peer handshake mode.
@@ -57,13 +55,13 @@ pub type Notify = NotifyMsg;
 /// A submitted batch; clone freely, wait from any thread.
 pub type Batch = Arc<BatchState>;
 
-/// A transfer engine: listeners for the handshake and data ports, the
-/// registered memory, and connections to peers.
+/// A transfer engine: the handshake listener, the registered memory, and its
+/// transports (each with its own listeners and connections to peers).
 pub struct TransferEngine {
-    inner: Arc<Inner>,
-    // Dropped first: stop serving before the rest goes away.
+    // Dropped first: stop housekeeping and serving handshakes before the rest goes away.
+    _housekeeping: Housekeeping,
     _rpc: HandshakeServer,
-    _data: TcpServer,
+    inner: Arc<Inner>,
 }
 
 struct Inner {
@@ -71,17 +69,15 @@ struct Inner {
     session_id: String,
     host: String,
     rpc_port: u16,
-    data_port: u16,
     memory: Arc<MemoryRegistry>,
     store: Box<dyn MetadataStore>,
+    transports: Vec<Arc<dyn Transport>>,
     segments: RwLock<HashMap<String, Arc<Segment>>>,
-    links: Mutex<HashMap<(SocketAddr, bool), Arc<PeerLink>>>,
     notifies: Mutex<Vec<Notify>>,
 }
 
 struct Segment {
     desc: RwLock<SegmentDesc>,
-    data_addr: SocketAddr,
 }
 
 impl TransferEngine {
@@ -96,39 +92,32 @@ impl TransferEngine {
         let host = HostPort::parse(local_hostname, config.handshake_port)?.host;
         let ip = net::listen_ip(&host, config.tcp_bind_address, config.use_ipv6);
         let (min, max) = (config.min_rpc_port, config.max_rpc_port);
-        let listen_err = |what: &str, e: std::io::Error| {
-            EngineError::Listen(format!(
-                "no free {what} port on {ip} in {min}-{max} (MC_MIN_RPC_PORT/MC_MAX_RPC_PORT): {e}"
-            ))
+        let listen_err = |source: std::io::Error| EngineError::Listen {
+            what: format!(
+                "no free handshake port on {ip} in {min}-{max} (MC_MIN_RPC_PORT/MC_MAX_RPC_PORT)"
+            ),
+            source,
         };
         let rpc_listener = net::bind_in_range(ip, min, max, config.handshake_listen_backlog)
-            .map_err(|e| listen_err("handshake", e))?;
-        let data_listener =
-            net::bind_in_range(ip, min, max, 1024).map_err(|e| listen_err("data", e))?;
-        let rpc_port = rpc_listener
-            .local_addr()
-            .map_err(|e| listen_err("handshake", e))?
-            .port();
-        let data_port = data_listener
-            .local_addr()
-            .map_err(|e| listen_err("data", e))?
-            .port();
+            .map_err(listen_err)?;
+        let rpc_port = rpc_listener.local_addr().map_err(listen_err)?.port();
         let session_id = HostPort {
             host: host.clone(),
             port: rpc_port,
         }
         .session_id();
         let memory = Arc::new(MemoryRegistry::new());
+        let tcp = TcpTransport::start(ip, &host, memory.clone(), &config)?;
+        let data_port = tcp.data_port();
         let inner = Arc::new(Inner {
             store: Box::new(P2pStore::new(config.clone())),
             config,
             session_id,
             host,
             rpc_port,
-            data_port,
-            memory: memory.clone(),
+            memory,
+            transports: vec![Arc::new(tcp)],
             segments: RwLock::new(HashMap::new()),
-            links: Mutex::new(HashMap::new()),
             notifies: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&inner);
@@ -137,17 +126,19 @@ impl TransferEngine {
                 .and_then(|inner| inner.handle_rpc(kind, json))
         });
         let rpc = HandshakeServer::start(rpc_listener, inner.config.handshake_max_length, handler)
-            .map_err(|e| listen_err("handshake", e))?;
-        let data = TcpServer::start(data_listener, memory, inner.config.tcp_status_timeout)
-            .map_err(|e| listen_err("data", e))?;
+            .map_err(|source| EngineError::Listen {
+                what: "cannot start the handshake server".into(),
+                source,
+            })?;
+        let housekeeping = Housekeeping::start(Arc::downgrade(&inner))?;
         tracing::info!(
             "transfer engine {} up: handshake port {rpc_port}, TCP data port {data_port} (v2)",
             inner.session_id
         );
         Ok(Self {
             inner,
+            _housekeeping: housekeeping,
             _rpc: rpc,
-            _data: data,
         })
     }
 
@@ -161,9 +152,9 @@ impl TransferEngine {
         self.inner.rpc_port
     }
 
-    /// The TCP data port.
+    /// The TCP data port (as advertised in the descriptor).
     pub fn data_port(&self) -> u16 {
-        self.inner.data_port
+        self.inner.local_desc().tcp_data_port
     }
 
     /// The configuration in force.
@@ -183,7 +174,9 @@ impl TransferEngine {
         self.inner.store.publish(&self.inner.local_desc())
     }
 
-    /// Unregisters the region starting at `addr`, after in-flight accesses end.
+    /// Unregisters the region starting at `addr`. Returns once no engine thread touches
+    /// it: peer connections in the middle of an access to it are cut (the peer sees its
+    /// request fail), not waited for.
     pub fn unregister_memory(&self, addr: u64) -> Result<(), EngineError> {
         self.inner.memory.unregister(addr)?;
         self.inner.store.publish(&self.inner.local_desc())
@@ -209,13 +202,10 @@ impl TransferEngine {
         if segment == self.inner.session_id {
             return Ok(self.inner.local_desc().buffers);
         }
-        Ok(self
-            .inner
-            .open_segment(segment)?
-            .desc
-            .read()
-            .buffers
-            .clone())
+        let id = self.inner.segment_id(segment)?;
+        let (seg, _) = self.inner.open_segment(&id)?;
+        let buffers = seg.desc.read().buffers.clone();
+        Ok(buffers)
     }
 
     /// Drops the cached descriptor of `segment`; the next use fetches it again.
@@ -231,36 +221,37 @@ impl TransferEngine {
     ///
     /// # Safety
     /// Every local range `[local, local+len)` must be valid (and, for reads,
-    /// writable and not otherwise accessed) until the batch has finished, or
-    /// was canceled and its in-flight requests drained.
+    /// writable) until the batch has finished, or until
+    /// [`BatchState::cancel_and_drain`] (which [`BatchState::wait`] calls on a
+    /// timeout) has returned.
     pub unsafe fn submit(&self, segment: &str, requests: &[Request]) -> Result<Batch, EngineError> {
-        self.inner.submit(segment, requests)
+        let id = self.inner.segment_id(segment)?;
+        self.inner.submit(&id, requests)
     }
 
-    /// Submits and waits until the batch's deadline.
+    /// Submits and waits until the batch's deadline. On a timeout the batch is drained
+    /// before this returns: the local memory is no longer touched.
     ///
     /// # Safety
-    /// As [`submit`](Self::submit).
+    /// Every local range must be valid (and, for reads, writable) for the call.
     pub unsafe fn transfer_sync(
         &self,
         segment: &str,
         requests: &[Request],
-    ) -> Result<(), TransferError> {
-        let batch =
-            self.inner
-                .submit(segment, requests)
-                .map_err(|e| TransferError::PeerUnreachable {
-                    peer: segment.to_string(),
-                    reason: e.to_string(),
-                })?;
-        batch.wait()
+    ) -> Result<(), EngineError> {
+        let id = self.inner.segment_id(segment)?;
+        let batch = self.inner.submit(&id, requests)?;
+        batch.wait().map_err(|source| EngineError::Transfer {
+            segment: segment.to_string(),
+            source,
+        })
     }
 
     /// Sends a notification to `segment`'s engine.
     pub fn send_notify(&self, segment: &str, msg: &Notify) -> Result<(), EngineError> {
-        let peer = HostPort::parse(segment, self.inner.config.handshake_port)?;
+        let id = self.inner.segment_id(segment)?;
         let reply = handshake::request(
-            &peer,
+            id.rpc(),
             MessageType::Notify,
             &msg.encode(),
             &self.inner.config,
@@ -282,8 +273,8 @@ impl TransferEngine {
 
     /// Checks that `segment`'s engine answers on its handshake port.
     pub fn probe(&self, segment: &str) -> Result<(), EngineError> {
-        let peer = HostPort::parse(segment, self.inner.config.handshake_port)?;
-        let reply = handshake::request(&peer, MessageType::Probe, "{}", &self.inner.config)?;
+        let id = self.inner.segment_id(segment)?;
+        let reply = handshake::request(id.rpc(), MessageType::Probe, "{}", &self.inner.config)?;
         if crate::wire::descriptor::probe_reply_ok(&reply) {
             Ok(())
         } else {
@@ -296,13 +287,17 @@ impl TransferEngine {
 }
 
 impl Inner {
+    fn segment_id(&self, name: &str) -> Result<SegmentId, EngineError> {
+        Ok(SegmentId::parse(name, self.config.handshake_port)?)
+    }
+
     fn local_desc(&self) -> SegmentDesc {
-        SegmentDesc {
+        let mut desc = SegmentDesc {
             name: self.session_id.clone(),
-            protocol: vec!["tcp".into()],
-            tcp_data_port: self.data_port,
-            tcp_data_host: Some(self.host.clone()),
-            tcp_proto_version: 2,
+            protocol: Vec::new(),
+            tcp_data_port: 0,
+            tcp_data_host: None,
+            tcp_proto_version: 0,
             timestamp: net::timestamp_now(),
             buffers: self
                 .memory
@@ -314,7 +309,11 @@ impl Inner {
                     length,
                 })
                 .collect(),
+        };
+        for t in &self.transports {
+            t.describe(&mut desc);
         }
+        desc
     }
 
     fn handle_rpc(&self, kind: MessageType, json: &str) -> Option<String> {
@@ -344,81 +343,61 @@ impl Inner {
         }
     }
 
-    fn open_segment(&self, name: &str) -> Result<Arc<Segment>, EngineError> {
-        if let Some(s) = self.segments.read().get(name) {
-            return Ok(s.clone());
+    /// The segment and whether its descriptor was fetched just now.
+    fn open_segment(&self, id: &SegmentId) -> Result<(Arc<Segment>, bool), EngineError> {
+        if let Some(s) = self.segments.read().get(id.name()) {
+            return Ok((s.clone(), false));
         }
-        let desc = self.store.fetch(name)?;
-        let seg = Arc::new(self.segment_from(name, desc)?);
-        self.segments.write().insert(name.to_string(), seg.clone());
-        Ok(seg)
-    }
-
-    fn segment_from(&self, name: &str, desc: SegmentDesc) -> Result<Segment, EngineError> {
-        let err = |reason: String| EngineError::Segment {
-            segment: name.to_string(),
-            reason,
-        };
-        if !desc.speaks_tcp() {
-            return Err(err(format!(
-                "the peer serves {:?} only and this engine speaks TCP; start the peer with MC_FORCE_TCP=1",
-                desc.protocol
-            )));
-        }
-        let hp = HostPort::parse(name, self.config.handshake_port)?;
-        // Newer upstreams say where their data port listens; a wildcard says nothing.
-        let host = match desc.tcp_data_host.as_deref() {
-            Some(h) if !h.is_empty() && h != "0.0.0.0" && h != "::" => {
-                h.trim_matches(['[', ']']).to_string()
-            }
-            _ => hp.host,
-        };
-        let data = HostPort {
-            host,
-            port: desc.tcp_data_port,
-        };
-        let data_addr = *handshake::resolve(&data, self.config.use_ipv6)
-            .map_err(err)?
-            .first()
-            .ok_or_else(|| err("no data address".into()))?;
-        Ok(Segment {
+        let desc = self.store.fetch(id)?;
+        let seg = Arc::new(Segment {
             desc: RwLock::new(desc),
-            data_addr,
-        })
+        });
+        self.segments
+            .write()
+            .insert(id.name().to_string(), seg.clone());
+        Ok((seg, true))
     }
 
-    fn refresh_segment(&self, name: &str, seg: &Segment) -> Result<(), EngineError> {
-        let desc = self.store.fetch(name)?;
+    fn refresh_segment(&self, id: &SegmentId, seg: &Segment) -> Result<(), EngineError> {
+        let desc = self.store.fetch(id)?;
         *seg.desc.write() = desc;
         Ok(())
     }
 
-    fn link(&self, seg: &Segment) -> Result<Arc<PeerLink>, EngineError> {
-        let v2 = seg.desc.read().tcp_proto_version >= 2 && self.config.tcp_proto != Some(1);
-        let key = (seg.data_addr, v2);
-        let mut links = self.links.lock();
-        if let Some(l) = links.get(&key) {
-            return Ok(l.clone());
-        }
-        let link =
-            Arc::new(PeerLink::new(seg.data_addr, v2, &self.config).map_err(|e| {
-                EngineError::Listen(format!("cannot start connection threads: {e}"))
-            })?);
-        links.insert(key, link.clone());
-        Ok(link)
+    fn transport_for(
+        &self,
+        id: &SegmentId,
+        desc: &SegmentDesc,
+    ) -> Result<Arc<dyn Transport>, EngineError> {
+        self.transports
+            .iter()
+            .find(|t| t.reaches(desc))
+            .cloned()
+            .ok_or_else(|| EngineError::Segment {
+                segment: id.to_string(),
+                reason: format!(
+                    "the peer serves {:?} and this engine speaks {:?}; start the peer with MC_FORCE_TCP=1",
+                    desc.protocol,
+                    self.transports.iter().map(|t| t.protocol()).collect::<Vec<_>>()
+                ),
+            })
     }
 
-    fn submit(&self, name: &str, requests: &[Request]) -> Result<Batch, EngineError> {
-        let mut seg = self.open_segment(name)?;
-        let mut link = self.link(&seg)?;
-        if let Some(why) = link.unreachable() {
-            // The peer may have restarted on new ports: look it up again.
-            tracing::info!("segment {name} was unreachable ({why}); fetching its descriptor again");
-            self.segments.write().remove(name);
-            seg = self.open_segment(name)?;
-            link = self.link(&seg)?;
+    fn submit(&self, id: &SegmentId, requests: &[Request]) -> Result<Batch, EngineError> {
+        let (mut seg, mut fetched) = self.open_segment(id)?;
+        let mut transport = self.transport_for(id, &seg.desc.read())?;
+        if !fetched {
+            let why = transport.unreachable(id, &seg.desc.read());
+            if let Some(why) = why {
+                // The peer may have restarted on new ports: look it up again.
+                tracing::info!(
+                    "segment {id} was unreachable ({why}); fetching its descriptor again"
+                );
+                self.segments.write().remove(id.name());
+                (seg, fetched) = self.open_segment(id)?;
+                transport = self.transport_for(id, &seg.desc.read())?;
+            }
         }
-        let stripe = self.config.tcp_stripe_size;
         let mut unknown = Vec::new();
         {
             let desc = seg.desc.read();
@@ -428,15 +407,16 @@ impl Inner {
                 }
             }
         }
-        if !unknown.is_empty() {
+        if !unknown.is_empty() && !fetched {
             // The peer may have registered memory since we cached its descriptor.
-            self.refresh_segment(name, &seg)?;
+            self.refresh_segment(id, &seg)?;
             let desc = seg.desc.read();
             unknown.retain(|&i| {
-                desc.find_buffer(requests[i].remote, requests[i].len)
-                    .is_none()
+                let r = &requests[i];
+                desc.find_buffer(r.remote, r.len).is_none()
             });
         }
+        let stripe = transport.slice_size();
         let counts: Vec<u32> = requests
             .iter()
             .enumerate()
@@ -456,7 +436,7 @@ impl Inner {
             batch.task_failed(
                 i,
                 TransferError::AddressRejected {
-                    peer: name.to_string(),
+                    peer: id.to_string(),
                     addr: r.remote,
                     len: r.len,
                 },
@@ -465,19 +445,22 @@ impl Inner {
         let gpu = crate::device::runtime()
             .ok()
             .filter(|rt| rt.device_count() > 0);
+        let mut slices = Vec::with_capacity(requests.len());
         for (i, r) in requests.iter().enumerate() {
             if r.len == 0 || unknown.binary_search(&i).is_ok() {
                 continue;
             }
-            let mut off = 0;
-            let local_device = match self.memory.find(r.local, r.len) {
+            let region = self.memory.find(r.local, r.len);
+            let local_device = match &region {
                 Some(region) => region.device.map(|(_, d)| d),
                 None => gpu.as_ref().and_then(|rt| rt.device_of(r.local)),
             };
+            let mut off = 0;
             while off < r.len {
                 let n = stripe.min(r.len - off);
-                link.send(Slice {
+                slices.push(Slice {
                     local_device,
+                    local_region: region.clone(),
                     op: r.op,
                     local: r.local + off,
                     remote: r.remote + off,
@@ -489,14 +472,53 @@ impl Inner {
                 off += n;
             }
         }
+        let desc = seg.desc.read().clone();
+        transport.post(id, &desc, slices)?;
         Ok(batch)
     }
 }
 
-impl Drop for TransferEngine {
+/// A thread that closes what went idle (connections to peers that left), once a second.
+struct Housekeeping {
+    stop: Option<crossbeam_channel::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Housekeeping {
+    const PERIOD: Duration = Duration::from_secs(1);
+
+    fn start(inner: std::sync::Weak<Inner>) -> Result<Self, EngineError> {
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        let thread = std::thread::Builder::new()
+            .name("te-housekeeping".into())
+            .spawn(move || {
+                while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(Self::PERIOD)
+                {
+                    let Some(inner) = inner.upgrade() else { return };
+                    for t in &inner.transports {
+                        t.evict_idle();
+                    }
+                }
+            })
+            .map_err(|source| EngineError::Listen {
+                what: "cannot start the housekeeping thread".into(),
+                source,
+            })?;
+        Ok(Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Housekeeping {
     fn drop(&mut self) {
-        // Stop lanes (failing queued slices) before the listeners close.
-        self.inner.links.lock().clear();
+        // Closing the channel wakes the thread at once.
+        self.stop = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -559,7 +581,6 @@ impl std::fmt::Debug for TransferEngine {
         f.debug_struct("TransferEngine")
             .field("session_id", &self.inner.session_id)
             .field("host", &self.inner.host)
-            .field("data_port", &self.inner.data_port)
             .finish()
     }
 }

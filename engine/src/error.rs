@@ -53,7 +53,7 @@ pub enum TransferError {
 }
 
 /// Errors of engine calls (as opposed to individual requests).
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[derive(Debug, Error)]
 pub enum EngineError {
     /// Bad configuration.
     #[error(transparent)]
@@ -64,9 +64,27 @@ pub enum EngineError {
     /// A caller-supplied value is unusable.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// The engine could not start listening.
-    #[error("cannot listen: {0}")]
-    Listen(String),
+    /// The engine could not start listening (or start its threads).
+    #[error("{what}: {source}")]
+    Listen {
+        /// What could not be set up.
+        what: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A transport could not start or take the work.
+    #[error(transparent)]
+    Transport(#[from] crate::transport::TransportError),
+    /// A transfer failed (sync calls).
+    #[error("transfer to {segment} failed: {source}")]
+    Transfer {
+        /// Segment name.
+        segment: String,
+        /// The first failing request's cause.
+        #[source]
+        source: TransferError,
+    },
     /// The peer's segment could not be opened.
     #[error("cannot open segment {segment:?}: {reason}")]
     Segment {
@@ -100,7 +118,10 @@ impl EngineError {
         match self {
             Self::Memory(m) => m.code(),
             Self::InvalidArgument(_) | Self::Config(_) | Self::Unsupported(_) => -1,
-            Self::Listen(_) => -102,
+            Self::Listen { .. } => -102,
+            Self::Transport(crate::transport::TransportError::Unusable { .. }) => -201,
+            Self::Transport(crate::transport::TransportError::Io { .. }) => -102,
+            Self::Transfer { .. } => -1,
             Self::Device(_) => -6,
             Self::Handshake { .. } => -104,
             Self::Wire(_) => -103,

@@ -16,7 +16,6 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod config;
 pub mod device;
 pub mod engine;

@@ -1,11 +1,13 @@
 //! Socket helpers shared by the handshake and data listeners.
 
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io::{self, Read};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::wire::session::HostPort;
 
 /// Binds a listener on a random free port in `[min, max]` (500 attempts, then
 /// a linear scan), as upstream picks its RPC port.
@@ -87,27 +89,20 @@ pub fn read_exact_or_eof(stream: &mut impl Read, buf: &mut [u8]) -> io::Result<b
     Ok(true)
 }
 
-/// Writes the header and the payload with as few system calls as possible.
-pub fn write_two(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
-    let mut head_off = 0;
-    let mut body_off = 0;
-    while head_off < head.len() {
-        let bufs = [
-            io::IoSlice::new(&head[head_off..]),
-            io::IoSlice::new(&body[body_off..]),
-        ];
-        match stream.write_vectored(&bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                let h = n.min(head.len() - head_off);
-                head_off += h;
-                body_off += n - h;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
+/// Resolves a host:port to socket addresses (IPv4 first unless `MC_USE_IPV6`).
+pub fn resolve(hp: &HostPort, ipv6: bool) -> io::Result<Vec<SocketAddr>> {
+    let host = hp.host.split('%').next().unwrap_or(&hp.host);
+    let mut addrs: Vec<SocketAddr> = (host, hp.port).to_socket_addrs()?.collect();
+    if !ipv6 && addrs.iter().any(SocketAddr::is_ipv4) {
+        addrs.retain(SocketAddr::is_ipv4);
     }
-    stream.write_all(&body[body_off..])
+    if addrs.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{:?} resolves to no address", hp.host),
+        ));
+    }
+    Ok(addrs)
 }
 
 /// The address to listen on for a given local host name: the name itself

@@ -1,8 +1,15 @@
-//! Completion tracking for batches of requests.
+//! Completion tracking for batches of requests, and the memory contract of a batch.
 //!
 //! A batch holds one [`TaskState`] per request; each request may travel as
 //! several slices. Slices complete or fail from transport threads; waiters
 //! sleep on a condition variable until the last task finishes.
+//!
+//! A transport thread [`enter`](BatchState::enter)s the batch before it touches
+//! the caller's memory for a slice, naming the connection that carries it, and
+//! leaves when it is done with that memory. [`cancel_and_drain`](BatchState::cancel_and_drain)
+//! stops new entries, cuts the connections that carry the slices still entered and
+//! waits until none is: after it returns, no engine thread touches the batch's
+//! memory again, whatever the peer does.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -11,6 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::TransferError;
+use crate::memory::Abort;
 
 /// Times a waiter checks for completion (yielding in between) before it sleeps.
 const SPIN_LOOKS: u32 = 64;
@@ -38,6 +46,10 @@ pub struct BatchState {
     tasks: Box<[TaskState]>,
     unfinished: AtomicUsize,
     canceled: AtomicBool,
+    /// Slices whose memory a transport thread may be touching now.
+    entered: AtomicUsize,
+    /// The connections that carried entered slices (cut on cancel).
+    carriers: Mutex<Vec<Arc<dyn Abort>>>,
     lock: Mutex<()>,
     done: Condvar,
     submitted_at: Instant,
@@ -59,6 +71,8 @@ impl BatchState {
                 .collect(),
             unfinished: AtomicUsize::new(unfinished),
             canceled: AtomicBool::new(false),
+            entered: AtomicUsize::new(0),
+            carriers: Mutex::new(Vec::new()),
             lock: Mutex::new(()),
             done: Condvar::new(),
             submitted_at: now,
@@ -116,14 +130,65 @@ impl BatchState {
         }
     }
 
-    /// Asks transports to skip slices of this batch not yet sent.
+    /// Asks transports to skip slices of this batch not yet sent. Slices on the wire may
+    /// still touch memory: use [`cancel_and_drain`](Self::cancel_and_drain) before the
+    /// memory is given back.
     pub fn cancel(&self) {
-        self.canceled.store(true, Ordering::Release);
+        self.canceled.store(true, Ordering::SeqCst);
     }
 
     /// Whether [`cancel`](Self::cancel) was called.
     pub fn is_canceled(&self) -> bool {
-        self.canceled.load(Ordering::Acquire)
+        self.canceled.load(Ordering::SeqCst)
+    }
+
+    /// Called by a transport thread before it touches the memory of a slice of this batch
+    /// carried by `carrier`; false (and nothing may be touched) once the batch is canceled.
+    /// Every `true` must be matched by one [`leave`](Self::leave).
+    pub fn enter(&self, carrier: &Arc<dyn Abort>) -> bool {
+        {
+            let mut carriers = self.carriers.lock();
+            let known = carriers
+                .iter()
+                .any(|c| std::ptr::addr_eq(Arc::as_ptr(c), Arc::as_ptr(carrier)));
+            if !known {
+                carriers.push(carrier.clone());
+            }
+        }
+        // Paired with `cancel_and_drain`: either it sees this entry, or we see its cancel.
+        self.entered.fetch_add(1, Ordering::SeqCst);
+        if self.canceled.load(Ordering::SeqCst) {
+            self.leave();
+            return false;
+        }
+        true
+    }
+
+    /// The transport thread is done with a slice's memory.
+    pub fn leave(&self) {
+        if self.entered.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let _guard = self.lock.lock();
+            self.done.notify_all();
+        }
+    }
+
+    /// Cancels the batch and returns once no transport thread touches its memory: queued
+    /// slices are skipped, and the connections carrying slices in flight are cut (they
+    /// reconnect for later work) instead of waiting for the peer.
+    pub fn cancel_and_drain(&self) {
+        self.cancel();
+        let mut cut = 0;
+        while self.entered.load(Ordering::SeqCst) > 0 {
+            let carriers: Vec<Arc<dyn Abort>> = self.carriers.lock().clone();
+            if carriers.len() > cut {
+                carriers.iter().for_each(|c| c.abort());
+                cut = carriers.len();
+            }
+            let mut guard = self.lock.lock();
+            if self.entered.load(Ordering::SeqCst) > 0 {
+                self.done.wait_for(&mut guard, Duration::from_millis(20));
+            }
+        }
     }
 
     /// Whether every task has finished (completed or failed).
@@ -172,7 +237,8 @@ impl BatchState {
     }
 
     /// Waits until the batch's own deadline; `Ok` only if every task completed.
-    /// On timeout the batch is canceled so unsent slices are skipped.
+    /// On timeout the batch is canceled and drained: when this returns, the batch's
+    /// memory is no longer touched.
     pub fn wait(&self) -> Result<(), TransferError> {
         self.wait_deadline(self.deadline)
     }
@@ -180,7 +246,7 @@ impl BatchState {
     /// As [`wait`](Self::wait) with an explicit deadline.
     pub fn wait_deadline(&self, until: Instant) -> Result<(), TransferError> {
         if !self.wait_until(until) {
-            self.cancel();
+            self.cancel_and_drain();
             return Err(TransferError::Timeout(
                 until.saturating_duration_since(self.submitted_at),
             ));
@@ -229,11 +295,55 @@ mod tests {
 
     #[test]
     fn waiter_wakes_from_another_thread() {
+        // Whether the waiter is spinning, asleep or not yet started when the slice
+        // completes, it must return Ok well before the 10 s deadline.
         let b = BatchState::new(&[1], Duration::from_secs(10));
         let b2 = b.clone();
-        let t = std::thread::spawn(move || b2.wait());
-        std::thread::sleep(Duration::from_millis(10));
+        let t = std::thread::spawn(move || (b2.wait(), Instant::now()));
         b.slice_done(0, Ok(()));
-        assert_eq!(t.join().unwrap(), Ok(()));
+        let (result, at) = t.join().unwrap();
+        assert_eq!(result, Ok(()));
+        assert!(at < b.deadline());
+    }
+
+    #[derive(Debug)]
+    struct Counter(AtomicUsize);
+    impl Abort for Counter {
+        fn abort(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn no_entry_after_cancel() {
+        let b = BatchState::new(&[1], Duration::from_secs(10));
+        let carrier: Arc<dyn Abort> = Arc::new(Counter(AtomicUsize::new(0)));
+        b.cancel_and_drain();
+        assert!(!b.enter(&carrier));
+        b.cancel_and_drain(); // nothing entered: returns at once
+    }
+
+    #[test]
+    fn drain_cuts_carriers_and_waits_for_the_slices_in_flight() {
+        let b = BatchState::new(&[2], Duration::from_secs(10));
+        let counter = Arc::new(Counter(AtomicUsize::new(0)));
+        let carrier: Arc<dyn Abort> = counter.clone();
+        assert!(b.enter(&carrier));
+        assert!(b.enter(&carrier));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let b2 = b.clone();
+        let t = std::thread::spawn(move || {
+            b2.cancel_and_drain();
+            tx.send(()).unwrap();
+        });
+        while counter.0.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        b.leave();
+        assert!(rx.try_recv().is_err(), "drained with a slice still entered");
+        b.leave();
+        rx.recv().unwrap();
+        t.join().unwrap();
+        assert!(b.is_canceled());
     }
 }

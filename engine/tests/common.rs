@@ -113,10 +113,10 @@ pub fn peer_main() {
     };
     let mut it = spec.split_whitespace().map(|s| s.parse::<u64>().unwrap());
     let (len, seed) = (it.next().unwrap(), it.next().unwrap());
-    let mut buf = Buf::new((len + 2 * GUARD) as usize);
-    buf.bytes_mut().fill(GUARD_FILL);
-    let region = GUARD as usize..(GUARD + len) as usize;
-    buf.bytes_mut()[region].copy_from_slice(&pattern(len as usize, seed));
+    let buf = Buf::new((len + 2 * GUARD) as usize);
+    buf.fill(GUARD_FILL);
+    buf.write_at(GUARD as usize, &pattern(len as usize, seed))
+        .unwrap();
     let engine = engine();
     engine
         .register_memory(buf.addr() + GUARD, len, "cpu:0")
@@ -138,7 +138,7 @@ pub fn peer_main() {
         if v.first() == Some(&"hash") {
             let (a, n): (u64, u64) = (v[1].parse().unwrap(), v[2].parse().unwrap());
             let off = (a - buf.addr()) as usize;
-            writeln!(out, "HASH {}", fnv(&buf.bytes()[off..off + n as usize])).unwrap();
+            writeln!(out, "HASH {}", fnv(&buf.read_at(off, n as usize).unwrap())).unwrap();
         }
     }
     std::process::exit(0);

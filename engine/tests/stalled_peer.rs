@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use transfer_engine::metadata::handshake::HandshakeServer;
 use transfer_engine::wire::descriptor::{BufferDesc, SegmentDesc};
 use transfer_engine::wire::handshake::MessageType;
-use transfer_engine::{Config, OpCode, Request, TransferEngine, TransferError};
+use transfer_engine::{Config, EngineError, OpCode, Request, TransferEngine, TransferError};
 
 #[test]
 fn a_stalled_peer_times_out_at_the_upstream_deadline() {
@@ -65,7 +65,13 @@ fn a_stalled_peer_times_out_at_the_upstream_deadline() {
     let result = unsafe { engine.transfer_sync(&session, &reqs) };
     let took = started.elapsed();
     assert!(
-        matches!(result, Err(TransferError::Timeout(_))),
+        matches!(
+            result,
+            Err(EngineError::Transfer {
+                source: TransferError::Timeout(_),
+                ..
+            })
+        ),
         "{result:?}"
     );
     assert!(

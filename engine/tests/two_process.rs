@@ -17,7 +17,7 @@ fn data_moves_both_ways_with_bytes_verified() {
     let len = 8 << 20;
     let mut peer = Peer::spawn(len, 7);
     let e = engine();
-    let mut local = Buf::new(len as usize);
+    let local = Buf::new(len as usize);
 
     // Read the peer's original pattern: one large request (striped) and small ones.
     let reqs = [
@@ -37,13 +37,13 @@ fn data_moves_both_ways_with_bytes_verified() {
     ];
     unsafe { e.transfer_sync(&peer.session, &reqs) }.unwrap();
     assert!(
-        local.bytes() == pattern(len as usize, 7).as_slice(),
+        local.to_vec() == pattern(len as usize, 7),
         "read bytes differ"
     );
 
     // Write a new pattern and check the peer holds it.
     let data = pattern(len as usize, 99);
-    local.bytes_mut().copy_from_slice(&data);
+    local.write_at(0, &data).unwrap();
     unsafe {
         e.transfer_sync(
             &peer.session,
@@ -54,7 +54,7 @@ fn data_moves_both_ways_with_bytes_verified() {
     assert_eq!(peer.hash(peer.addr, len), fnv(&data));
 
     // And read it back into a cleared buffer.
-    local.bytes_mut().fill(0);
+    local.fill(0);
     unsafe {
         e.transfer_sync(
             &peer.session,
@@ -62,7 +62,7 @@ fn data_moves_both_ways_with_bytes_verified() {
         )
     }
     .unwrap();
-    assert!(local.bytes() == data.as_slice());
+    assert!(local.to_vec() == data);
     assert_eq!(
         peer.hash(peer.addr - GUARD, GUARD),
         fnv(&vec![GUARD_FILL; GUARD as usize])
@@ -114,7 +114,7 @@ fn server_rejects_unregistered_ranges_itself() {
     let before = peer.hash(peer.addr - GUARD, len + 2 * GUARD);
     let desc = transfer_engine::metadata::MetadataStore::fetch(
         &transfer_engine::metadata::P2pStore::new(Default::default()),
-        &peer.session,
+        &transfer_engine::wire::session::SegmentId::parse(&peer.session, 12001).unwrap(),
     )
     .unwrap();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", desc.tcp_data_port)).unwrap();
@@ -155,7 +155,7 @@ fn server_serves_upstream_style_clients() {
     let mut peer = Peer::spawn(len, 8);
     let desc = transfer_engine::metadata::MetadataStore::fetch(
         &transfer_engine::metadata::P2pStore::new(Default::default()),
-        &peer.session,
+        &transfer_engine::wire::session::SegmentId::parse(&peer.session, 12001).unwrap(),
     )
     .unwrap();
     let data = pattern(len as usize, 77);
@@ -242,11 +242,11 @@ fn sixteen_threads_share_one_peer() {
         for t in 0..16u64 {
             let session = session.clone();
             s.spawn(move || {
-                let mut buf = Buf::new(per_thread as usize);
+                let buf = Buf::new(per_thread as usize);
                 let remote = peer_addr + t * per_thread;
                 for round in 0..20u64 {
                     let data = pattern(per_thread as usize, t * 1000 + round);
-                    buf.bytes_mut().copy_from_slice(&data);
+                    buf.write_at(0, &data).unwrap();
                     let chunk = per_thread / 8;
                     let writes: Vec<Request> = (0..8)
                         .map(|k| {
@@ -259,7 +259,7 @@ fn sixteen_threads_share_one_peer() {
                         })
                         .collect();
                     unsafe { e_ref.transfer_sync(&session, &writes) }.unwrap();
-                    buf.bytes_mut().fill(0);
+                    buf.fill(0);
                     let reads: Vec<Request> = writes
                         .iter()
                         .map(|w| Request {
@@ -268,7 +268,7 @@ fn sixteen_threads_share_one_peer() {
                         })
                         .collect();
                     unsafe { e_ref.transfer_sync(&session, &reads) }.unwrap();
-                    assert!(buf.bytes() == data.as_slice(), "thread {t} round {round}");
+                    assert!(buf.to_vec() == data, "thread {t} round {round}");
                 }
             });
         }
@@ -283,9 +283,9 @@ fn a_batch_of_ten_thousand_requests_succeeds() {
     let len = n * block;
     let mut peer = Peer::spawn(len, 2);
     let e = engine();
-    let mut local = Buf::new(len as usize);
+    let local = Buf::new(len as usize);
     let data = pattern(len as usize, 42);
-    local.bytes_mut().copy_from_slice(&data);
+    local.write_at(0, &data).unwrap();
     let reqs: Vec<Request> = (0..n)
         .map(|i| {
             Request::new(

@@ -115,6 +115,14 @@ pub fn shuffled(n: usize, seed: u64) -> Vec<usize> {
 /// A page-aligned, zeroed heap buffer.
 pub use transfer_engine::HostBuffer as Buf;
 
+/// `fill_pattern` into `len` bytes of `buf` at `at` (the buffer lends no `&mut [u8]`).
+pub fn fill_pattern_at(buf: &Buf, at: u64, len: u64, seed: u64, offset: u64) {
+    let mut bytes = vec![0u8; len as usize];
+    fill_pattern(&mut bytes, seed, offset);
+    buf.write_at(at as usize, &bytes)
+        .expect("pattern range inside the buffer");
+}
+
 // ---------------------------------------------------------------------------------------
 // Child processes
 // ---------------------------------------------------------------------------------------

@@ -13,10 +13,12 @@
 use std::time::{Duration, Instant};
 
 use e2e::{
-    fill_pattern, first_mismatch, init_logging, run_upstream, shuffled, Buf, UpstreamTarget,
+    fill_pattern_at, first_mismatch, init_logging, run_upstream, shuffled, Buf, UpstreamTarget,
     CHILD_DEADLINE,
 };
-use transfer_engine::{Config, Notify, OpCode, Request, TaskStatus, TransferEngine, TransferError};
+use transfer_engine::{
+    Config, EngineError, Notify, OpCode, Request, TaskStatus, TransferEngine, TransferError,
+};
 
 /// Buffer size of most tests: more than one 4 MiB stripe of ours, and not a multiple of
 /// the page size, so the last bytes of a registered buffer are exercised.
@@ -69,7 +71,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
     let started = Instant::now();
     let mut t = UpstreamTarget::spawn(N, original);
     let e = engine(config);
-    let mut local = Buf::new(N as usize);
+    let local = Buf::new(N as usize);
     let (sid, rb) = (t.session_id.clone(), t.buffer);
     eprintln!(
         "upstream target {sid}, buffer {rb:#x}+{N}, up after {:?}",
@@ -93,7 +95,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
                 t.stderr_tail(30)
             )
         });
-    assert_pattern(local.bytes(), original, 0, "upstream buffer as read");
+    assert_pattern(&local.to_vec(), original, 0, "upstream buffer as read");
 
     // 2. A batch of many writes, local block j -> remote block perm[j] (odd block size).
     let bl = blocks(N, block);
@@ -106,11 +108,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
     for (j, &(off, len)) in bl.iter().enumerate() {
         let (roff, rlen) = bl[perm[j]];
         assert_eq!(len, rlen);
-        fill_pattern(
-            &mut local.bytes_mut()[off as usize..(off + len) as usize],
-            batch_seed,
-            roff,
-        );
+        fill_pattern_at(&local, off, len, batch_seed, roff);
     }
     let reqs: Vec<Request> = bl
         .iter()
@@ -133,7 +131,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
     );
 
     // 3. A batch of reads, remote block j -> local block (K-1-j), into a cleared buffer.
-    local.bytes_mut().fill(0);
+    local.fill(0);
     let k = bl.len();
     let mut reqs = Vec::with_capacity(k);
     let mut loff = 0;
@@ -148,7 +146,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
         .unwrap_or_else(|err| panic!("batch read failed: {err}\n{}", t.stderr_tail(30)));
     for &(lo, ro, len) in &local_map {
         assert_pattern(
-            &local.bytes()[lo as usize..(lo + len) as usize],
+            &local.read_at(lo as usize, len as usize).unwrap(),
             batch_seed,
             ro,
             "reversed batch read",
@@ -156,7 +154,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
     }
 
     // 4. One large write (striped by us) and one large read into a cleared buffer.
-    fill_pattern(local.bytes_mut(), single_seed, 0);
+    fill_pattern_at(&local, 0, local.len() as u64, single_seed, 0);
     unsafe { e.transfer_sync(&sid, &[Request::new(OpCode::Write, la, rb, N)]) }
         .unwrap_or_else(|err| panic!("single write failed: {err}\n{}", t.stderr_tail(30)));
     landed(
@@ -164,10 +162,10 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
         single_seed,
         "upstream buffer after the single write",
     );
-    local.bytes_mut().fill(0);
+    local.fill(0);
     unsafe { e.transfer_sync(&sid, &[Request::new(OpCode::Read, la, rb, N)]) }
         .unwrap_or_else(|err| panic!("single read failed: {err}\n{}", t.stderr_tail(30)));
-    assert_pattern(local.bytes(), single_seed, 0, "single read-back");
+    assert_pattern(&local.to_vec(), single_seed, 0, "single read-back");
 
     drop(e);
     t.finish();
@@ -198,9 +196,9 @@ fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
     let seed = 5;
     let mut t = UpstreamTarget::spawn(size, seed);
     let e = engine(Config::default());
-    let mut local = Buf::new(1 << 16);
+    let local = Buf::new(1 << 16);
     let (sid, rb, la) = (t.session_id.clone(), t.buffer, local.addr());
-    local.bytes_mut().fill(0xEE);
+    local.fill(0xEE);
     let before = t.dump(0, size);
 
     let rejected = [
@@ -229,7 +227,13 @@ fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
         let t0 = Instant::now();
         let res = unsafe { e.transfer_sync(&sid, &[r]) };
         assert!(
-            matches!(res, Err(TransferError::AddressRejected { .. })),
+            matches!(
+                res,
+                Err(EngineError::Transfer {
+                    source: TransferError::AddressRejected { .. },
+                    ..
+                })
+            ),
             "{what}: expected AddressRejected, got {res:?}"
         );
         assert!(
@@ -239,7 +243,7 @@ fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
         );
     }
     assert_eq!(
-        local.bytes(),
+        &local.to_vec(),
         &[0xEE; 1 << 16][..],
         "a rejected read touched local memory"
     );
@@ -247,7 +251,7 @@ fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
     // A batch mixing good and bad requests: the good ones complete (writing the bytes the
     // target already holds), the bad one fails alone.
     let good = 8192u64;
-    fill_pattern(&mut local.bytes_mut()[..good as usize], seed, size - good);
+    fill_pattern_at(&local, 0, good, seed, size - good);
     let reqs = [
         Request::new(OpCode::Write, la, rb + size - good, good),
         Request::new(OpCode::Write, la, rb + size - good / 2, good),
@@ -269,7 +273,7 @@ fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
     );
     assert_eq!(batch.task(2), Some(TaskStatus::Completed));
     assert_pattern(
-        &local.bytes()[good as usize..good as usize + 4096],
+        &local.read_at(good as usize, 4096).unwrap(),
         seed,
         0,
         "read in the mixed batch",
@@ -334,13 +338,9 @@ struct OurTarget {
 impl OurTarget {
     fn new(size: u64, seed: u64) -> Self {
         let engine = engine(Config::default());
-        let mut mem = Buf::new((size + 2 * GUARD) as usize);
-        mem.bytes_mut().fill(GUARD_FILL);
-        fill_pattern(
-            &mut mem.bytes_mut()[GUARD as usize..(GUARD + size) as usize],
-            seed,
-            0,
-        );
+        let mem = Buf::new((size + 2 * GUARD) as usize);
+        mem.fill(GUARD_FILL);
+        fill_pattern_at(&mem, GUARD, size, seed, 0);
         engine
             .register_memory(mem.addr() + GUARD, size, "cpu:0")
             .expect("register");
@@ -349,11 +349,13 @@ impl OurTarget {
     fn addr(&self) -> u64 {
         self.mem.addr() + GUARD
     }
-    fn region(&self) -> &[u8] {
-        &self.mem.bytes()[GUARD as usize..(GUARD + self.size) as usize]
+    fn region(&self) -> Vec<u8> {
+        self.mem
+            .read_at(GUARD as usize, self.size as usize)
+            .expect("region inside the buffer")
     }
     fn assert_guards_intact(&self) {
-        let b = self.mem.bytes();
+        let b = self.mem.to_vec();
         let (head, tail) = (&b[..GUARD as usize], &b[(GUARD + self.size) as usize..]);
         for (name, zone) in [("before", head), ("after", tail)] {
             if let Some(i) = zone.iter().position(|&x| x != GUARD_FILL) {
@@ -416,7 +418,7 @@ fn upstream_initiator_reads_and_writes_our_target() {
         assert_ne!(v["reject"][k]["rc"], 0, "{k}: {v}");
     }
     assert_pattern(
-        t.region(),
+        &t.region(),
         seed,
         0,
         "our buffer after the upstream initiator",
@@ -456,7 +458,7 @@ fn upstream_probe_and_notify_reach_our_target() {
     assert_eq!(v["probe_rc"], 0);
     assert_eq!(v["first_buffer_address"], t.addr());
     assert_pattern(
-        t.region(),
+        &t.region(),
         41,
         0,
         "our buffer after upstream's write-with-notify",

@@ -9,12 +9,12 @@ use crate::config::Config;
 use crate::error::EngineError;
 use crate::wire::descriptor::SegmentDesc;
 use crate::wire::handshake::MessageType;
-use crate::wire::session::HostPort;
+use crate::wire::session::SegmentId;
 
 /// Where segment descriptors are fetched from and published to.
 pub trait MetadataStore: Send + Sync {
-    /// The current descriptor of segment `name`.
-    fn fetch(&self, name: &str) -> Result<SegmentDesc, EngineError>;
+    /// The current descriptor of segment `id`.
+    fn fetch(&self, id: &SegmentId) -> Result<SegmentDesc, EngineError>;
     /// Makes the local descriptor visible to peers.
     fn publish(&self, desc: &SegmentDesc) -> Result<(), EngineError>;
 }
@@ -32,12 +32,11 @@ impl P2pStore {
 }
 
 impl MetadataStore for P2pStore {
-    fn fetch(&self, name: &str) -> Result<SegmentDesc, EngineError> {
-        let peer = HostPort::parse(name, self.config.handshake_port)?;
+    fn fetch(&self, id: &SegmentId) -> Result<SegmentDesc, EngineError> {
         // The request carries the requester's descriptor upstream; servers ignore it.
-        let reply = handshake::request(&peer, MessageType::Metadata, "{}", &self.config)?;
+        let reply = handshake::request(id.rpc(), MessageType::Metadata, "{}", &self.config)?;
         SegmentDesc::decode(&reply).map_err(|e| EngineError::Segment {
-            segment: name.to_string(),
+            segment: id.to_string(),
             reason: format!("peer sent an unusable descriptor: {e}"),
         })
     }

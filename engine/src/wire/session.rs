@@ -66,6 +66,42 @@ impl HostPort {
     }
 }
 
+/// A segment name as the API takes it (`target_hostname`), parsed once at the API edge.
+///
+/// `name` is the key metadata stores use; `rpc` is where the segment's engine answers
+/// handshakes in P2P mode (the name itself, `MC_HANDSHAKE_PORT` when it has no port).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentId {
+    name: String,
+    rpc: HostPort,
+}
+
+impl SegmentId {
+    /// Parses a segment name; `default_port` fills a missing port.
+    pub fn parse(name: &str, default_port: u16) -> Result<Self, WireError> {
+        Ok(Self {
+            name: name.to_string(),
+            rpc: HostPort::parse(name, default_port)?,
+        })
+    }
+
+    /// The name as given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Host and handshake port of the segment's engine.
+    pub fn rpc(&self) -> &HostPort {
+        &self.rpc
+    }
+}
+
+impl std::fmt::Display for SegmentId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
 fn parse_port(s: &str) -> Option<u16> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;

@@ -1,18 +1,19 @@
 //! The initiator side: per peer, a few persistent connections ("lanes"), each
 //! pipelining requests.
 //!
-//! A lane thread takes slices from the peer's queue, writes header and
-//! payload, and hands the slice to its connection's receiver thread, which
-//! reads the status frame (v2) and, for reads, the data. The queue is
-//! unbounded: any batch size is accepted and the lanes drain it at the
-//! speed of the network (backpressure, never rejection). A slice whose
-//! connection breaks is re-sent once on a fresh connection; a peer that
-//! refuses connections fails queued slices at once instead of once per
+//! A lane thread takes slices from the peer's queue, [takes](crate::transport::Slice::take)
+//! each on its connection, writes header and payload, and only then hands the slice to
+//! the connection's receiver thread, which reads the status frame (v2) and, for reads,
+//! the data. So at any moment one thread owns a slice and its memory, and a cut of the
+//! connection stops that thread's I/O. The queue is unbounded: any batch size is
+//! accepted and the lanes drain it at the speed of the network (backpressure, never
+//! rejection). A slice whose connection breaks is re-sent once on a fresh connection;
+//! a peer that refuses connections fails queued slices at once instead of once per
 //! connect timeout.
 
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -20,10 +21,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use parking_lot::Mutex;
 
-use super::Slice;
+use super::cut_reader::CutStream;
 use crate::config::Config;
 use crate::error::TransferError;
-use crate::net;
+use crate::memory::{Abort, SocketCut};
+use crate::transport::{Held, Slice};
 use crate::wire::tcp::{OpCode, RequestHeader, Status, STATUS_LEN};
 
 /// How long a failed connect keeps failing new slices without retrying.
@@ -49,9 +51,12 @@ struct LinkShared {
     depth: usize,
     tx: Sender<LaneMsg>,
     dead: Mutex<Option<(Instant, String)>>,
-    /// Clones of every open connection, so shutdown can unblock their threads.
-    open: Mutex<Vec<(u64, TcpStream)>>,
-    next_conn: std::sync::atomic::AtomicU64,
+    /// Every open connection, so shutdown can unblock their threads.
+    open: Mutex<Vec<(u64, Arc<SocketCut>)>>,
+    next_conn: AtomicU64,
+    /// Slices queued or in flight.
+    busy: AtomicUsize,
+    last_used: Mutex<Instant>,
 }
 
 impl PeerLink {
@@ -67,17 +72,24 @@ impl PeerLink {
             tx,
             dead: Mutex::new(None),
             open: Mutex::new(Vec::new()),
-            next_conn: std::sync::atomic::AtomicU64::new(0),
+            next_conn: AtomicU64::new(0),
+            busy: AtomicUsize::new(0),
+            last_used: Mutex::new(Instant::now()),
         });
         let mut threads = Vec::new();
         for i in 0..cfg.tcp_lanes_per_peer {
             let s = shared.clone();
             let r = rx.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("te-lane-{}-{i}", peer.port()))
-                    .spawn(move || lane(s, r))?,
-            );
+            let spawned = std::thread::Builder::new()
+                .name(format!("te-lane-{}-{i}", peer.port()))
+                .spawn(move || lane(s, r));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    stop(&shared, threads);
+                    return Err(e);
+                }
+            }
         }
         Ok(Self {
             shared,
@@ -86,13 +98,21 @@ impl PeerLink {
         })
     }
 
+    /// The peer's data address.
+    pub fn peer(&self) -> SocketAddr {
+        self.shared.peer
+    }
+
     /// Queues a slice; it completes (or fails) on its batch.
     pub fn send(&self, slice: Slice) {
+        self.shared.busy.fetch_add(1, Ordering::AcqRel);
+        *self.shared.last_used.lock() = Instant::now();
         if let Err(e) = self.shared.tx.send(LaneMsg::Work(slice)) {
             if let LaneMsg::Work(s) = e.into_inner() {
-                s.finish(Err(TransferError::Canceled(
-                    "connection to the peer is shutting down",
-                )));
+                self.shared.fail(
+                    s,
+                    TransferError::Canceled("connection to the peer is shutting down"),
+                );
             }
         }
     }
@@ -101,26 +121,40 @@ impl PeerLink {
     pub fn unreachable(&self) -> Option<String> {
         self.shared.recently_dead()
     }
+
+    /// Whether the link has no work and was unused for `idle`, or its peer is gone.
+    pub fn evictable(&self, idle: Duration) -> bool {
+        if self.shared.busy.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        self.shared.last_used.lock().elapsed() >= idle || self.shared.dead.lock().is_some()
+    }
 }
 
 impl Drop for PeerLink {
     fn drop(&mut self) {
         let threads = std::mem::take(&mut *self.threads.lock());
-        // Unblock receivers waiting on replies that will never come.
-        for (_, s) in self.shared.open.lock().iter() {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        for _ in 0..threads.len() {
-            let _ = self.shared.tx.send(LaneMsg::Stop);
-        }
-        for t in threads {
-            let _ = t.join();
-        }
+        stop(&self.shared, threads);
         while let Ok(msg) = self.rx.try_recv() {
             if let LaneMsg::Work(s) = msg {
-                s.finish(Err(TransferError::Canceled("the engine shut down")));
+                self.shared
+                    .fail(s, TransferError::Canceled("the engine shut down"));
             }
         }
+    }
+}
+
+/// Cuts every connection (unblocking receivers waiting on replies that will never
+/// come) and joins the lanes.
+fn stop(shared: &LinkShared, threads: Vec<JoinHandle<()>>) {
+    for (_, cut) in shared.open.lock().iter() {
+        cut.abort();
+    }
+    for _ in 0..threads.len() {
+        let _ = shared.tx.send(LaneMsg::Stop);
+    }
+    for t in threads {
+        let _ = t.join();
     }
 }
 
@@ -139,18 +173,30 @@ impl LinkShared {
         }
     }
 
-    fn retry_or_fail(&self, mut slice: Slice, reason: &str) {
+    /// Completes a slice that was not taken.
+    fn fail(&self, slice: Slice, error: TransferError) {
+        slice.finish(Err(error));
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Completes a taken slice.
+    fn complete(&self, held: Held, result: Result<(), TransferError>) {
+        held.finish(result);
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn retry_or_fail(&self, held: Held, reason: &str) {
+        let mut slice = held.release();
         if slice.retries == 0 && !slice.batch.is_canceled() {
             slice.retries += 1;
             tracing::debug!("re-sending a slice to {} after: {reason}", self.peer);
             if let Err(e) = self.tx.send(LaneMsg::Work(slice)) {
                 if let LaneMsg::Work(s) = e.into_inner() {
-                    s.finish(Err(self.gone(reason)));
+                    self.fail(s, self.gone(reason));
                 }
             }
         } else {
-            let err = self.gone(reason);
-            slice.finish(Err(err));
+            self.fail(slice, self.gone(reason));
         }
     }
 
@@ -166,9 +212,10 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
     let mut conn: Option<Conn> = None;
     while let Ok(LaneMsg::Work(slice)) = rx.recv() {
         if slice.batch.is_canceled() {
-            slice.finish(Err(TransferError::Canceled(
-                "its batch was abandoned after the deadline",
-            )));
+            shared.fail(
+                slice,
+                TransferError::Canceled("its batch was canceled (deadline or interrupt)"),
+            );
             continue;
         }
         if conn.as_ref().is_some_and(Conn::is_broken) {
@@ -176,7 +223,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
         }
         if conn.is_none() {
             if let Some(why) = shared.recently_dead() {
-                slice.finish(Err(shared.unreachable(why)));
+                shared.fail(slice, shared.unreachable(why));
                 continue;
             }
             match Conn::open(&shared) {
@@ -188,13 +235,18 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
                     let why = format!("connect failed: {e}");
                     tracing::warn!("peer {} unreachable: {why}", shared.peer);
                     *shared.dead.lock() = Some((Instant::now(), why.clone()));
-                    slice.finish(Err(shared.unreachable(why)));
+                    shared.fail(slice, shared.unreachable(why));
                     continue;
                 }
             }
         }
-        if let Some(c) = conn.as_mut() {
-            c.send(slice, &shared);
+        let Some(c) = conn.as_mut() else { continue };
+        match slice.take(&c.holder) {
+            Some(held) => c.send(held, &shared),
+            // Finished by `take` (canceled batch or unregistered buffer).
+            None => {
+                shared.busy.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     }
 }
@@ -203,7 +255,9 @@ struct Conn {
     id: u64,
     shared: Arc<LinkShared>,
     stream: TcpStream,
-    inflight: Option<Sender<Slice>>,
+    cut: Arc<SocketCut>,
+    holder: Arc<dyn Abort>,
+    inflight: Option<Sender<Held>>,
     broken: Arc<AtomicBool>,
     receiver: Option<JoinHandle<()>>,
 }
@@ -217,16 +271,26 @@ impl Conn {
         let (tx, rx) = bounded(shared.depth);
         let broken = Arc::new(AtomicBool::new(false));
         let read_half = stream.try_clone()?;
+        let cut = Arc::new(SocketCut::new(stream.try_clone()?));
         let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-        shared.open.lock().push((id, stream.try_clone()?));
-        let (s, b) = (shared.clone(), broken.clone());
+        shared.open.lock().push((id, cut.clone()));
+        let (s, b, c) = (shared.clone(), broken.clone(), cut.clone());
         let receiver = std::thread::Builder::new()
             .name(format!("te-recv-{}", shared.peer.port()))
-            .spawn(move || receive(read_half, rx, b, s))?;
+            .spawn(move || receive(read_half, rx, b, c, s));
+        let receiver = match receiver {
+            Ok(r) => r,
+            Err(e) => {
+                shared.open.lock().retain(|(i, _)| *i != id);
+                return Err(e);
+            }
+        };
         Ok(Self {
             id,
             shared: shared.clone(),
             stream,
+            holder: cut.clone(),
+            cut,
             inflight: Some(tx),
             broken,
             receiver: Some(receiver),
@@ -234,7 +298,7 @@ impl Conn {
     }
 
     fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Acquire)
+        self.broken.load(Ordering::Acquire) || self.cut.is_cut()
     }
 
     fn break_off(&self) {
@@ -242,51 +306,49 @@ impl Conn {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
-    fn send(&mut self, slice: Slice, shared: &LinkShared) {
+    fn send(&mut self, held: Held, shared: &LinkShared) {
+        let s = held.slice();
         let header = RequestHeader {
-            size: slice.len,
-            addr: slice.remote,
-            opcode: slice.op,
+            size: s.len,
+            addr: s.remote,
+            opcode: s.op,
             v2: shared.v2,
         }
         .encode();
-        let (op, local, len) = (slice.op, slice.local, slice.len as usize);
-        let device = slice.local_device.filter(|_| op == OpCode::Write);
-        // SAFETY: the submitter guarantees the local range stays valid until
-        // the batch finishes (see `TransferEngine::submit`); device memory is
-        // never touched directly but staged.
-        let payload: &[u8] = match op {
-            OpCode::Write if device.is_none() => unsafe {
-                std::slice::from_raw_parts(local as *const u8, len)
-            },
-            _ => &[],
-        };
-        let send = |stream: &mut TcpStream| match device {
-            Some(d) => crate::device::staging::send_from(d, stream, &header, local, len),
-            None => net::write_two(stream, &header, payload),
-        };
-        if !shared.v2 && op == OpCode::Write {
-            // v1 writes carry no acknowledgement: done once the bytes left.
-            match send(&mut self.stream) {
-                Ok(()) => slice.finish(Ok(())),
-                Err(e) => {
-                    self.break_off();
-                    shared.retry_or_fail(slice, &format!("send failed: {e}"));
-                }
+        let sent = match (s.op, s.local_device) {
+            (OpCode::Write, None) => held.local_span().send_to(&self.stream, &header, &self.cut),
+            (OpCode::Write, Some(device)) => crate::device::staging::send_from(
+                device,
+                &mut CutStream {
+                    stream: &self.stream,
+                    cut: &self.cut,
+                },
+                &header,
+                s.local,
+                s.len as usize,
+            ),
+            (OpCode::Read, _) => CutStream {
+                stream: &self.stream,
+                cut: &self.cut,
             }
-            return;
-        }
-        // Queue for the receiver before sending, so replies match the order.
-        let Some(inflight) = self.inflight.as_ref() else {
-            return shared.retry_or_fail(slice, "connection closed");
+            .write_all(&header),
         };
-        if let Err(e) = inflight.send(slice) {
-            self.break_off();
-            return shared.retry_or_fail(e.into_inner(), "receiver stopped");
-        }
-        if let Err(e) = send(&mut self.stream) {
+        if let Err(e) = sent {
             tracing::debug!("send to {} failed: {e}", shared.peer);
             self.break_off();
+            return shared.retry_or_fail(held, &format!("send failed: {e}"));
+        }
+        if !shared.v2 && held.slice().op == OpCode::Write {
+            // v1 writes carry no acknowledgement: done once the bytes left.
+            return shared.complete(held, Ok(()));
+        }
+        // The payload is out: from here the receiver owns the slice and its memory.
+        let Some(inflight) = self.inflight.as_ref() else {
+            return shared.retry_or_fail(held, "connection closed");
+        };
+        if let Err(e) = inflight.send(held) {
+            self.break_off();
+            shared.retry_or_fail(e.into_inner(), "receiver stopped");
         }
     }
 }
@@ -309,26 +371,28 @@ enum Reply {
 }
 
 fn receive(
-    mut stream: TcpStream,
-    rx: Receiver<Slice>,
+    stream: TcpStream,
+    rx: Receiver<Held>,
     broken: Arc<AtomicBool>,
+    cut: Arc<SocketCut>,
     shared: Arc<LinkShared>,
 ) {
     let mut failure: Option<String> = None;
-    for slice in rx.iter() {
+    for held in rx.iter() {
         if let Some(why) = &failure {
-            shared.retry_or_fail(slice, why);
+            shared.retry_or_fail(held, why);
             continue;
         }
-        match read_reply(&mut stream, &slice, shared.v2) {
-            Ok(Reply::Done) => slice.finish(Ok(())),
+        match read_reply(&stream, &held, shared.v2, &cut) {
+            Ok(Reply::Done) => shared.complete(held, Ok(())),
             Ok(Reply::Rejected) => {
+                let s = held.slice();
                 let err = TransferError::AddressRejected {
                     peer: shared.peer.to_string(),
-                    addr: slice.remote,
-                    len: slice.len,
+                    addr: s.remote,
+                    len: s.len,
                 };
-                slice.finish(Err(err));
+                shared.complete(held, Err(err));
             }
             Err(ReplyError::Protocol(why)) => {
                 broken.store(true, Ordering::Release);
@@ -337,23 +401,20 @@ fn receive(
                     peer: shared.peer.to_string(),
                     reason: why.clone(),
                 };
-                slice.finish(Err(err));
+                shared.complete(held, Err(err));
                 failure = Some(why);
             }
             Err(ReplyError::Io(e)) => {
                 broken.store(true, Ordering::Release);
                 let _ = stream.shutdown(Shutdown::Both);
-                let why = if e.kind() == io::ErrorKind::WouldBlock
-                    || e.kind() == io::ErrorKind::TimedOut
-                {
-                    format!(
+                let why = match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
                         "no reply within {:?} (MC_TCP_STATUS_TIMEOUT_SEC)",
                         shared.io_timeout
-                    )
-                } else {
-                    format!("receive failed: {e}")
+                    ),
+                    _ => format!("receive failed: {e}"),
                 };
-                shared.retry_or_fail(slice, &why);
+                shared.retry_or_fail(held, &why);
                 failure = Some(why);
             }
         }
@@ -365,31 +426,30 @@ enum ReplyError {
     Protocol(String),
 }
 
-fn read_reply(stream: &mut TcpStream, slice: &Slice, v2: bool) -> Result<Reply, ReplyError> {
+fn read_reply(
+    stream: &TcpStream,
+    held: &Held,
+    v2: bool,
+    cut: &SocketCut,
+) -> Result<Reply, ReplyError> {
+    let mut own = CutStream { stream, cut };
     if v2 {
         let mut status = [0u8; STATUS_LEN];
-        stream.read_exact(&mut status).map_err(ReplyError::Io)?;
+        own.read_exact(&mut status).map_err(ReplyError::Io)?;
         match Status::decode(&status).map_err(|e| ReplyError::Protocol(e.to_string()))? {
             Status::Ok => {}
             Status::AddrRejected => return Ok(Reply::Rejected),
         }
     }
-    if slice.op == OpCode::Read {
-        if let Some(device) = slice.local_device {
-            return crate::device::staging::receive_into(
-                device,
-                stream,
-                slice.local,
-                slice.len as usize,
-            )
-            .map(|()| Reply::Done)
-            .map_err(ReplyError::Io);
+    let s = held.slice();
+    if s.op == OpCode::Read {
+        match s.local_device {
+            Some(device) => {
+                crate::device::staging::receive_into(device, &mut own, s.local, s.len as usize)
+            }
+            None => held.local_span().recv_from(stream, cut),
         }
-        // SAFETY: the submitter guarantees the local range is valid and
-        // writable until the batch finishes (see `TransferEngine::submit`).
-        let dst =
-            unsafe { std::slice::from_raw_parts_mut(slice.local as *mut u8, slice.len as usize) };
-        stream.read_exact(dst).map_err(ReplyError::Io)?;
+        .map_err(ReplyError::Io)?;
     }
     Ok(Reply::Done)
 }

@@ -5,31 +5,195 @@
 //! pipelined connections, several per peer) alike.
 
 pub mod client;
+mod cut_reader;
 pub mod server;
 
-/// One piece of a request, as a lane sends it.
-#[derive(Debug)]
-pub struct Slice {
-    /// Read or write.
-    pub op: crate::wire::tcp::OpCode,
-    /// Local address (source of a write, destination of a read).
-    pub local: u64,
-    /// Remote address.
-    pub remote: u64,
-    /// Bytes.
-    pub len: u64,
-    /// The GPU holding the local range, if it is device memory.
-    pub local_device: Option<u32>,
-    /// The batch it belongs to.
-    pub batch: std::sync::Arc<crate::task::BatchState>,
-    /// Index of its request in the batch.
-    pub task: usize,
-    /// Times it was re-sent after a connection broke.
-    pub retries: u8,
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{Slice, Transport, TransportError};
+use crate::config::Config;
+use crate::memory::MemoryRegistry;
+use crate::net;
+use crate::wire::descriptor::SegmentDesc;
+use crate::wire::session::{HostPort, SegmentId};
+use client::PeerLink;
+use server::TcpServer;
+
+/// The protocol name in descriptors.
+pub const PROTOCOL: &str = "tcp";
+
+/// The TCP transport: a data-port server for peers, and links (lanes of persistent
+/// connections) to each peer's data port.
+pub struct TcpTransport {
+    config: Config,
+    host: String,
+    data_port: u16,
+    links: Mutex<HashMap<(SocketAddr, bool), Arc<PeerLink>>>,
+    // Dropped after the links: stop serving last.
+    _server: TcpServer,
 }
 
-impl Slice {
-    pub(crate) fn finish(self, result: Result<(), crate::error::TransferError>) {
-        self.batch.slice_done(self.task, result);
+impl TcpTransport {
+    /// Listens on `ip` (a port in the RPC range) and serves `memory` to peers; `host` is
+    /// the name peers are told to connect to.
+    pub fn start(
+        ip: IpAddr,
+        host: &str,
+        memory: Arc<MemoryRegistry>,
+        config: &Config,
+    ) -> Result<Self, TransportError> {
+        let (min, max) = (config.min_rpc_port, config.max_rpc_port);
+        let io = |what: String| {
+            move |source| TransportError::Io {
+                what: what.clone(),
+                source,
+            }
+        };
+        let range = format!(
+            "no free TCP data port on {ip} in {min}-{max} (MC_MIN_RPC_PORT/MC_MAX_RPC_PORT)"
+        );
+        let listener = net::bind_in_range(ip, min, max, 1024).map_err(io(range.clone()))?;
+        let data_port = listener.local_addr().map_err(io(range))?.port();
+        let server = TcpServer::start(listener, memory, config.tcp_status_timeout)
+            .map_err(io("cannot start the TCP data server".into()))?;
+        Ok(Self {
+            config: config.clone(),
+            host: host.to_string(),
+            data_port,
+            links: Mutex::new(HashMap::new()),
+            _server: server,
+        })
+    }
+
+    /// The data port peers connect to.
+    pub fn data_port(&self) -> u16 {
+        self.data_port
+    }
+
+    fn v2(&self, peer: &SegmentDesc) -> bool {
+        peer.tcp_proto_version >= 2 && self.config.tcp_proto != Some(1)
+    }
+
+    /// Where the segment's data port listens.
+    fn data_addr(
+        &self,
+        segment: &SegmentId,
+        peer: &SegmentDesc,
+    ) -> Result<SocketAddr, TransportError> {
+        // Newer upstreams say where their data port listens; a wildcard says nothing.
+        let host = match peer.tcp_data_host.as_deref() {
+            Some(h) if !h.is_empty() && h != "0.0.0.0" && h != "::" => {
+                h.trim_matches(['[', ']']).to_string()
+            }
+            _ => segment.rpc().host.clone(),
+        };
+        let data = HostPort {
+            host,
+            port: peer.tcp_data_port,
+        };
+        net::resolve(&data, self.config.use_ipv6)
+            .ok()
+            .and_then(|a| a.first().copied())
+            .ok_or_else(|| TransportError::Unusable {
+                segment: segment.to_string(),
+                protocol: PROTOCOL,
+                reason: format!("cannot resolve its data address {}", data.session_id()),
+            })
+    }
+
+    fn link(&self, addr: SocketAddr, v2: bool) -> Result<Arc<PeerLink>, TransportError> {
+        let mut links = self.links.lock();
+        if let Some(l) = links.get(&(addr, v2)) {
+            return Ok(l.clone());
+        }
+        let link = Arc::new(PeerLink::new(addr, v2, &self.config).map_err(|source| {
+            TransportError::Io {
+                what: format!("cannot start connection threads to {addr}"),
+                source,
+            }
+        })?);
+        links.insert((addr, v2), link.clone());
+        Ok(link)
+    }
+}
+
+impl Transport for TcpTransport {
+    fn protocol(&self) -> &'static str {
+        PROTOCOL
+    }
+
+    fn describe(&self, desc: &mut SegmentDesc) {
+        desc.protocol.push(PROTOCOL.into());
+        desc.tcp_data_port = self.data_port;
+        desc.tcp_data_host = Some(self.host.clone());
+        desc.tcp_proto_version = 2;
+    }
+
+    fn reaches(&self, peer: &SegmentDesc) -> bool {
+        peer.speaks_tcp()
+    }
+
+    fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<String> {
+        let addr = self.data_addr(segment, peer).ok()?;
+        let link = self.links.lock().get(&(addr, self.v2(peer))).cloned()?;
+        link.unreachable()
+    }
+
+    fn slice_size(&self) -> u64 {
+        self.config.tcp_stripe_size
+    }
+
+    fn post(
+        &self,
+        segment: &SegmentId,
+        peer: &SegmentDesc,
+        slices: Vec<Slice>,
+    ) -> Result<(), TransportError> {
+        let addr = self.data_addr(segment, peer)?;
+        let link = self.link(addr, self.v2(peer))?;
+        for s in slices {
+            link.send(s);
+        }
+        Ok(())
+    }
+
+    fn evict_idle(&self) {
+        let idle = self.config.tcp_link_idle_timeout;
+        let evicted: Vec<Arc<PeerLink>> = {
+            let mut links = self.links.lock();
+            let gone: Vec<_> = links
+                .iter()
+                .filter(|(_, l)| l.evictable(idle))
+                .map(|(k, _)| *k)
+                .collect();
+            gone.iter().filter_map(|k| links.remove(k)).collect()
+        };
+        // Joined outside the lock: a lane may take a moment to notice.
+        for link in evicted {
+            tracing::debug!(
+                "closing the idle connections to {} (no work for {idle:?}, MC_TCP_LINK_IDLE_SEC, or the peer is gone)",
+                link.peer()
+            );
+            drop(link);
+        }
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        // Stop lanes (failing queued slices) before the server closes.
+        let links: Vec<_> = self.links.lock().drain().map(|(_, l)| l).collect();
+        drop(links);
+    }
+}
+
+impl TcpTransport {
+    /// Peers this transport holds links (lanes and connections) to right now.
+    pub fn link_count(&self) -> usize {
+        self.links.lock().len()
     }
 }

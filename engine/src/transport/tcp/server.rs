@@ -1,9 +1,10 @@
-//! The data-port server: checks every range against registered memory, then
-//! moves bytes straight between the socket and that memory.
+//! The data-port server: checks every range against registered memory, pins the
+//! region for the access (so `unregister` can cut this connection and know when the
+//! memory is free), then moves bytes straight between the socket and that memory.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -11,7 +12,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::memory::MemoryRegistry;
+use super::cut_reader::CutStream;
+use crate::memory::{Abort, MemoryRegistry, SocketCut};
 use crate::net;
 use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN};
 
@@ -26,7 +28,7 @@ struct Shared {
     memory: Arc<MemoryRegistry>,
     io_timeout: Duration,
     stop: AtomicBool,
-    conns: Mutex<HashMap<u64, TcpStream>>,
+    conns: Mutex<HashMap<u64, Arc<SocketCut>>>,
     next_id: AtomicU64,
 }
 
@@ -66,7 +68,7 @@ impl Drop for TcpServer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         for (_, c) in self.shared.conns.lock().drain() {
-            let _ = c.shutdown(Shutdown::Both);
+            c.abort();
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -93,20 +95,19 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             }
         };
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        match stream.try_clone() {
-            Ok(c) => {
-                shared.conns.lock().insert(id, c);
-            }
+        let cut = match stream.try_clone() {
+            Ok(c) => Arc::new(SocketCut::new(c)),
             Err(e) => {
                 tracing::warn!("cannot track connection from {peer}: {e}");
                 continue;
             }
-        }
+        };
+        shared.conns.lock().insert(id, cut.clone());
         let s = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("te-tcp-conn".into())
             .spawn(move || {
-                if let Err(e) = serve(stream, peer, &s) {
+                if let Err(e) = serve(stream, peer, &cut, &s) {
                     if !s.stop.load(Ordering::Acquire) {
                         tracing::debug!("data connection from {peer} ended: {e}");
                     }
@@ -120,31 +121,39 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> io::Result<()> {
+fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    cut: &Arc<SocketCut>,
+    shared: &Shared,
+) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(shared.io_timeout))?;
     stream.set_write_timeout(Some(shared.io_timeout))?;
+    let holder: Arc<dyn Abort> = cut.clone();
+    let mut own = CutStream {
+        stream: &stream,
+        cut,
+    };
     let mut header = [0u8; HEADER_LEN];
     let mut scratch = Vec::new();
     loop {
         // Idle connections wait here without a deadline, but notice shutdown.
         loop {
-            if shared.stop.load(Ordering::Acquire) {
+            if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
                 return Ok(());
             }
             if net::wait_readable(&stream, Duration::from_millis(200))? {
                 break;
             }
         }
-        if !net::read_exact_or_eof(&mut stream, &mut header)? {
+        if !net::read_exact_or_eof(&mut own, &mut header)? {
             return Ok(());
         }
         let h = RequestHeader::decode(&header)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        let region = shared.memory.find(h.addr, h.size);
-        let guard = region.as_deref().and_then(|r| shared.memory.pin(r));
-        let Some(_guard) = guard else {
+        let Some(pin) = shared.memory.pin(h.addr, h.size, &holder) else {
             tracing::warn!(
                 "rejected {:?} of {:#x}+{} from {peer}: not inside one registered buffer",
                 h.opcode,
@@ -155,36 +164,31 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> io::Result
                 // v1 has no way to say no: close, as upstream does.
                 return Ok(());
             }
-            stream.write_all(&Status::AddrRejected.encode())?;
+            own.write_all(&Status::AddrRejected.encode())?;
             if h.opcode == OpCode::Write {
-                discard(&mut stream, h.size, &mut scratch)?;
+                discard(&mut own, h.size, &mut scratch)?;
             }
             continue;
         };
-        if let Some((_, device)) = _guard.region().device {
+        let ok = Status::Ok.encode();
+        let status: &[u8] = if h.v2 { &ok } else { &[] };
+        if let Some((_, device)) = pin.region().device {
             // Device memory: staged through pinned host buffers.
             match h.opcode {
                 OpCode::Write => {
                     crate::device::staging::receive_into(
                         device,
-                        &mut stream,
+                        &mut own,
                         h.addr,
                         h.size as usize,
                     )?;
-                    if h.v2 {
-                        stream.write_all(&Status::Ok.encode())?;
-                    }
+                    own.write_all(status)?;
                 }
                 OpCode::Read => {
-                    let prefix = if h.v2 {
-                        &Status::Ok.encode()[..]
-                    } else {
-                        &[][..]
-                    };
                     crate::device::staging::send_from(
                         device,
-                        &mut stream,
-                        prefix,
+                        &mut own,
+                        status,
                         h.addr,
                         h.size as usize,
                     )?;
@@ -192,29 +196,24 @@ fn serve(mut stream: TcpStream, peer: SocketAddr, shared: &Shared) -> io::Result
             }
             continue;
         }
-        // SAFETY: [addr, addr+size) lies inside a registered host region,
-        // which is pinned (cannot be unregistered) until `_guard` drops.
-        let mem = unsafe { std::slice::from_raw_parts_mut(h.addr as *mut u8, h.size as usize) };
+        let span = pin.span(h.addr, h.size).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                "range outside its pinned region",
+            )
+        })?;
         match h.opcode {
             OpCode::Write => {
-                stream.read_exact(mem)?;
-                if h.v2 {
-                    stream.write_all(&Status::Ok.encode())?;
-                }
+                span.recv_from(&stream, cut)?;
+                own.write_all(status)?;
             }
-            OpCode::Read => {
-                if h.v2 {
-                    net::write_two(&mut stream, &Status::Ok.encode(), mem)?;
-                } else {
-                    stream.write_all(mem)?;
-                }
-            }
+            OpCode::Read => span.send_to(&stream, status, cut)?,
         }
     }
 }
 
 /// Reads and drops the payload of a rejected write so the connection stays in step.
-fn discard(stream: &mut TcpStream, mut left: u64, scratch: &mut Vec<u8>) -> io::Result<()> {
+fn discard(stream: &mut impl Read, mut left: u64, scratch: &mut Vec<u8>) -> io::Result<()> {
     scratch.resize(64 << 10, 0);
     while left > 0 {
         let n = left.min(scratch.len() as u64) as usize;

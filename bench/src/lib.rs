@@ -13,7 +13,24 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgAction, Parser, ValueEnum};
 
-use crate::{Config, HostBuffer, OpCode, Request, TransferEngine};
+use transfer_engine::{Config, EngineError, HostBuffer, OpCode, Request, TransferEngine};
+
+/// Why a benchmark run stopped.
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    /// A flag's value cannot be used.
+    #[error("{0}")]
+    Usage(String),
+    /// The environment's `MC_*` settings are invalid.
+    #[error(transparent)]
+    Config(#[from] transfer_engine::config::ConfigError),
+    /// The engine refused a call.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A worker thread panicked.
+    #[error("a benchmark thread panicked")]
+    Panicked,
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -105,38 +122,39 @@ where
     }
 }
 
-fn run(flags: Flags) -> Result<(), String> {
-    let config = Config::from_env().map_err(|e| e.to_string())?;
-    crate::logging::init(config.log_level);
+fn run(flags: Flags) -> Result<(), BenchError> {
+    let config = Config::from_env()?;
+    transfer_engine::logging::init(config.log_level);
     if flags.protocol != "tcp" {
-        return Err(format!(
+        return Err(BenchError::Usage(format!(
             "--protocol={} is not available in this build; use --protocol=tcp",
             flags.protocol
-        ));
+        )));
     }
     if flags.block_size == 0 || flags.batch_size == 0 || flags.threads == 0 {
-        return Err("--block_size, --batch_size and --threads must be positive".into());
+        return Err(BenchError::Usage(
+            "--block_size, --batch_size and --threads must be positive".into(),
+        ));
     }
     if flags.buffer_size < flags.block_size {
-        return Err("--buffer_size must be at least --block_size".into());
+        return Err(BenchError::Usage(
+            "--buffer_size must be at least --block_size".into(),
+        ));
     }
     let unit = unit_divisor(&flags.report_unit)?;
     let host = flags.local_server_name.clone().unwrap_or_else(hostname);
     if matches!(flags.mode, Mode::Target) {
         block_termination_signals();
     }
-    let engine =
-        TransferEngine::new(&host, &flags.metadata_server, config).map_err(|e| e.to_string())?;
-    let mut buffer = HostBuffer::try_new(flags.buffer_size as usize).ok_or_else(|| {
-        format!(
+    let engine = TransferEngine::new(&host, &flags.metadata_server, config)?;
+    let buffer = HostBuffer::try_new(flags.buffer_size as usize).ok_or_else(|| {
+        BenchError::Usage(format!(
             "cannot allocate {} bytes for --buffer_size",
             flags.buffer_size
-        )
+        ))
     })?;
-    buffer.bytes_mut().fill(0xCC);
-    engine
-        .register_memory(buffer.addr(), flags.buffer_size, "cpu:0")
-        .map_err(|e| e.to_string())?;
+    buffer.fill(0xCC);
+    engine.register_memory(buffer.addr(), flags.buffer_size, "cpu:0")?;
     match flags.mode {
         Mode::Target => {
             println!("segment_id={}", engine.session_id());
@@ -156,19 +174,22 @@ fn initiate(
     engine: &TransferEngine,
     buffer: &HostBuffer,
     unit: (f64, &str),
-) -> Result<(), String> {
+) -> Result<(), BenchError> {
     if flags.segment_id.is_empty() {
-        return Err("--segment_id is required in initiator mode (the target prints it)".into());
+        return Err(BenchError::Usage(
+            "--segment_id is required in initiator mode (the target prints it)".into(),
+        ));
     }
     let remote = engine
-        .segment_buffers(&flags.segment_id)
-        .map_err(|e| e.to_string())?
+        .segment_buffers(&flags.segment_id)?
         .into_iter()
         .max_by_key(|b| b.length)
-        .ok_or("the target registered no buffer")?;
+        .ok_or_else(|| BenchError::Usage("the target registered no buffer".into()))?;
     let span = flags.buffer_size.min(remote.length) / flags.block_size * flags.block_size;
     if span == 0 {
-        return Err("the target's buffer is smaller than --block_size".into());
+        return Err(BenchError::Usage(
+            "the target's buffer is smaller than --block_size".into(),
+        ));
     }
     let op = match flags.operation {
         Operation::Read => OpCode::Read,
@@ -176,7 +197,7 @@ fn initiate(
     };
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
-    let results: Vec<Result<(u64, Vec<Duration>), String>> = std::thread::scope(|s| {
+    let results: Vec<Result<(u64, Vec<Duration>), BenchError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..flags.threads)
             .map(|tid| {
                 let stop = stop.clone();
@@ -199,8 +220,7 @@ fn initiate(
                     while !stop.load(Ordering::Relaxed) {
                         let t = Instant::now();
                         // SAFETY: requests address our registered buffer, alive for the whole run.
-                        unsafe { engine.transfer_sync(&flags.segment_id, &requests) }
-                            .map_err(|e| format!("batch failed: {e}"))?;
+                        unsafe { engine.transfer_sync(&flags.segment_id, &requests) }?;
                         latencies.push(t.elapsed());
                         batches += 1;
                     }
@@ -212,7 +232,7 @@ fn initiate(
         stop.store(true, Ordering::Relaxed);
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
+            .map(|h| h.join().unwrap_or(Err(BenchError::Panicked)))
             .collect()
     });
     let elapsed = started.elapsed().as_secs_f64();
@@ -254,7 +274,7 @@ fn initiate(
     Ok(())
 }
 
-fn unit_divisor(unit: &str) -> Result<(f64, &'static str), String> {
+fn unit_divisor(unit: &str) -> Result<(f64, &'static str), BenchError> {
     Ok(match unit {
         "GB" => (1e9, "GB"),
         "GiB" => (1073741824.0, "GiB"),
@@ -266,9 +286,9 @@ fn unit_divisor(unit: &str) -> Result<(f64, &'static str), String> {
         "KiB" => (1024.0, "KiB"),
         "Kb" => (125.0, "Kb"),
         other => {
-            return Err(format!(
+            return Err(BenchError::Usage(format!(
                 "--report_unit={other} is not one of GB GiB Gb MB MiB Mb KB KiB Kb"
-            ))
+            )))
         }
     })
 }

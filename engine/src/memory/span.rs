@@ -1,0 +1,317 @@
+//! The one place where bytes move between sockets and raw memory.
+//!
+//! Registered and caller memory is shared with other threads, with peers (through the
+//! kernel) and with the application, so no `&[u8]` / `&mut [u8]` is ever formed over it:
+//! a [`MemSpan`] is a pointer and a length, and its methods hand that pointer straight to
+//! `recv(2)` / `sendmsg(2)` or `copy_nonoverlapping`. Every `unsafe` of that movement is
+//! in this file, under the one contract of [`MemSpan::new`].
+//!
+//! A [`SocketCut`] lets another thread stop the I/O of a connection at once: it shuts the
+//! socket down (waking a blocked `recv`/`send`) and raises a flag that the loops here check
+//! before every system call, so bytes a peer keeps sending after the cut never land.
+
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Something that holds memory and can be told to let go of it now (a connection).
+pub trait Abort: Send + Sync + std::fmt::Debug {
+    /// Stops every access in progress; the holder releases its pins soon after.
+    fn abort(&self);
+}
+
+/// The cut-off switch of one connection.
+#[derive(Debug)]
+pub struct SocketCut {
+    stream: TcpStream,
+    cut: AtomicBool,
+}
+
+impl SocketCut {
+    /// A switch for `stream` (a clone of the connection's socket).
+    pub fn new(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            cut: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the connection was cut.
+    pub fn is_cut(&self) -> bool {
+        self.cut.load(Ordering::Acquire)
+    }
+
+    fn check(&self) -> io::Result<()> {
+        if self.is_cut() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the connection was cut to release memory (timeout, interrupt or unregister)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Abort for SocketCut {
+    fn abort(&self) {
+        self.cut.store(true, Ordering::Release);
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// `len` bytes of memory at `addr` that this thread may move bytes into and out of.
+#[derive(Debug, Clone, Copy)]
+pub struct MemSpan {
+    addr: u64,
+    len: usize,
+}
+
+impl MemSpan {
+    /// A span over `[addr, addr+len)`.
+    ///
+    /// # Safety
+    /// For as long as the span is used, the range must be mapped host memory that nobody
+    /// frees: registered memory pinned against unregistration, or caller memory lent for
+    /// a transfer that has not been drained. Concurrent access by others is allowed (the
+    /// span never creates a reference), but its bytes are then unspecified.
+    pub unsafe fn new(addr: u64, len: usize) -> Self {
+        Self { addr, len }
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the span is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Fills the whole span from `sock`, stopping as soon as `cut` is raised.
+    pub fn recv_from(&self, sock: &TcpStream, cut: &SocketCut) -> io::Result<()> {
+        let mut off = 0usize;
+        while off < self.len {
+            cut.check()?;
+            let left = self.len - off;
+            // SAFETY: [addr+off, addr+len) lies in the span, valid for writing by the
+            // contract of `new`; the kernel writes at most `left` bytes there.
+            let n = unsafe {
+                libc::recv(
+                    sock.as_raw_fd(),
+                    (self.addr as usize + off) as *mut libc::c_void,
+                    left,
+                    0,
+                )
+            };
+            match n {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n if n > 0 => off += n as usize,
+                _ => retry_or(io::Error::last_os_error())?,
+            }
+        }
+        cut.check()
+    }
+
+    /// Sends `head`, then the whole span, to `sock` (one system call when the socket takes
+    /// it all), stopping as soon as `cut` is raised.
+    pub fn send_to(&self, sock: &TcpStream, head: &[u8], cut: &SocketCut) -> io::Result<()> {
+        let mut sent = 0usize;
+        let total = head.len() + self.len;
+        while sent < total {
+            cut.check()?;
+            let n = if sent < head.len() {
+                let rest = &head[sent..];
+                let iov = [
+                    libc::iovec {
+                        iov_base: rest.as_ptr() as *mut libc::c_void,
+                        iov_len: rest.len(),
+                    },
+                    libc::iovec {
+                        iov_base: self.addr as usize as *mut libc::c_void,
+                        iov_len: self.len,
+                    },
+                ];
+                // SAFETY: both iovecs describe readable memory: `head` is borrowed, the
+                // span is valid by the contract of `new`; the kernel only reads them.
+                unsafe { send_iov(sock.as_raw_fd(), &iov) }
+            } else {
+                let off = sent - head.len();
+                let iov = [libc::iovec {
+                    iov_base: (self.addr as usize + off) as *mut libc::c_void,
+                    iov_len: self.len - off,
+                }];
+                // SAFETY: as above, a tail of the span.
+                unsafe { send_iov(sock.as_raw_fd(), &iov) }
+            };
+            match n {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n if n > 0 => sent += n as usize,
+                _ => retry_or(io::Error::last_os_error())?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into the start of the span.
+    pub fn write_from(&self, src: &[u8]) -> Result<(), SpanTooShort> {
+        if src.len() > self.len {
+            return Err(SpanTooShort {
+                need: src.len(),
+                have: self.len,
+            });
+        }
+        // SAFETY: `src.len()` bytes fit in the span (checked), valid by the contract of
+        // `new`; a borrowed slice cannot overlap memory nobody may reference.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.addr as usize as *mut u8, src.len())
+        };
+        Ok(())
+    }
+
+    /// Copies the start of the span into `dst`.
+    pub fn read_into(&self, dst: &mut [u8]) -> Result<(), SpanTooShort> {
+        if dst.len() > self.len {
+            return Err(SpanTooShort {
+                need: dst.len(),
+                have: self.len,
+            });
+        }
+        // SAFETY: as `write_from`, in the other direction.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.addr as usize as *const u8,
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Sets every byte of the span to `byte`.
+    pub fn fill(&self, byte: u8) {
+        // SAFETY: the whole span is valid for writing by the contract of `new`.
+        unsafe { std::ptr::write_bytes(self.addr as usize as *mut u8, byte, self.len) };
+    }
+}
+
+/// A copy larger than the span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{need} bytes do not fit in a span of {have}")]
+pub struct SpanTooShort {
+    /// Bytes asked for.
+    pub need: usize,
+    /// Bytes in the span.
+    pub have: usize,
+}
+
+/// # Safety
+/// Every iovec must describe memory valid for reading.
+unsafe fn send_iov(fd: RawFd, iov: &[libc::iovec]) -> isize {
+    // SAFETY: a zeroed msghdr is the empty message; we set only the iovec array, which
+    // outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    // SAFETY: `msg` points at `iov`, readable by the caller's contract. MSG_NOSIGNAL:
+    // a peer that went away is an EPIPE error, not a SIGPIPE for the process.
+    unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) }
+}
+
+/// Interrupted calls are retried; a socket timeout (EAGAIN under SO_RCVTIMEO) is reported
+/// as `TimedOut`.
+fn retry_or(e: io::Error) -> io::Result<()> {
+    match e.kind() {
+        io::ErrorKind::Interrupted => Ok(()),
+        io::ErrorKind::WouldBlock => Err(io::Error::new(io::ErrorKind::TimedOut, e)),
+        _ => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn moves_bytes_both_ways_with_a_header() {
+        let (a, mut b) = pair();
+        let cut = SocketCut::new(a.try_clone().unwrap());
+        let src: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        // SAFETY: `src` outlives every use of the span.
+        let span = unsafe { MemSpan::new(src.as_ptr() as u64, src.len()) };
+        let t = std::thread::spawn(move || {
+            let mut got = vec![0u8; 100_003];
+            b.read_exact(&mut got).unwrap();
+            b.write_all(&got[3..]).unwrap();
+            got
+        });
+        span.send_to(&a, b"hdr", &cut).unwrap();
+        let echoed = t.join().unwrap();
+        assert_eq!(&echoed[..3], b"hdr");
+        let mut dst = vec![0u8; src.len()];
+        // SAFETY: `dst` outlives every use of the span.
+        let out = unsafe { MemSpan::new(dst.as_mut_ptr() as u64, dst.len()) };
+        out.recv_from(&a, &cut).unwrap();
+        let mut copy = vec![0u8; dst.len()];
+        out.read_into(&mut copy).unwrap();
+        assert_eq!(copy, src);
+    }
+
+    #[test]
+    fn a_cut_stops_a_blocked_receive_and_every_later_byte() {
+        let (a, mut b) = pair();
+        let cut = std::sync::Arc::new(SocketCut::new(a.try_clone().unwrap()));
+        let mut dst = vec![0u8; 1 << 20];
+        let addr = dst.as_mut_ptr() as u64;
+        b.write_all(&[1u8; 1000]).unwrap();
+        let c2 = cut.clone();
+        let reader = std::thread::spawn(move || {
+            // SAFETY: `dst` outlives the thread (joined below).
+            let span = unsafe { MemSpan::new(addr, 1 << 20) };
+            span.recv_from(&a, &c2)
+        });
+        // The reader now waits for bytes that do not come; the cut must end that wait.
+        cut.abort();
+        let err = reader.join().unwrap().unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                io::ErrorKind::ConnectionAborted | io::ErrorKind::UnexpectedEof
+            ),
+            "{err}"
+        );
+        // The peer keeps sending; nothing more may land.
+        let _ = b.write_all(&[2u8; 1000]);
+        assert!(!dst.contains(&2));
+    }
+
+    #[test]
+    fn copies_are_bounded_by_the_span() {
+        let mut mem = [0u8; 8];
+        // SAFETY: `mem` outlives the span.
+        let span = unsafe { MemSpan::new(mem.as_mut_ptr() as u64, 8) };
+        assert_eq!(
+            span.write_from(&[1; 9]),
+            Err(SpanTooShort { need: 9, have: 8 })
+        );
+        span.fill(3);
+        let mut out = [0u8; 8];
+        span.read_into(&mut out).unwrap();
+        assert_eq!(out, [3; 8]);
+    }
+}
