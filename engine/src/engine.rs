@@ -14,6 +14,7 @@ use crate::memory::MemoryRegistry;
 use crate::metadata::handshake::{self, HandshakeServer};
 use crate::metadata::{MetadataStore, P2pStore};
 use crate::net;
+use crate::notify_queue::{NotifyQueue, REFUSED_REPLY};
 use crate::task::BatchState;
 use crate::transport::tcp::client::PeerLink;
 use crate::transport::tcp::server::TcpServer;
@@ -76,7 +77,7 @@ struct Inner {
     store: Box<dyn MetadataStore>,
     segments: RwLock<HashMap<String, Arc<Segment>>>,
     links: Mutex<HashMap<(SocketAddr, bool), Arc<PeerLink>>>,
-    notifies: Mutex<Vec<Notify>>,
+    notifies: NotifyQueue,
 }
 
 struct Segment {
@@ -119,6 +120,7 @@ impl TransferEngine {
         }
         .session_id();
         let memory = Arc::new(MemoryRegistry::new());
+        let notify_bytes = config.notify_queue_bytes;
         let inner = Arc::new(Inner {
             store: Box::new(P2pStore::new(config.clone())),
             config,
@@ -129,16 +131,18 @@ impl TransferEngine {
             memory: memory.clone(),
             segments: RwLock::new(HashMap::new()),
             links: Mutex::new(HashMap::new()),
-            notifies: Mutex::new(Vec::new()),
+            notifies: NotifyQueue::new(notify_bytes),
         });
         let weak = Arc::downgrade(&inner);
         let handler = Arc::new(move |kind: MessageType, json: &str| {
             weak.upgrade()
                 .and_then(|inner| inner.handle_rpc(kind, json))
         });
-        let rpc = HandshakeServer::start(rpc_listener, inner.config.handshake_max_length, handler)
+        let limits = handshake::ServerLimits::from_config(&inner.config);
+        let rpc = HandshakeServer::start_with(rpc_listener, limits, handler)
             .map_err(|e| listen_err("handshake", e))?;
-        let data = TcpServer::start(data_listener, memory, inner.config.tcp_status_timeout)
+        crate::device::staging_pool::configure(&inner.config);
+        let data = TcpServer::start(data_listener, memory, &inner.config)
             .map_err(|e| listen_err("data", e))?;
         tracing::info!(
             "transfer engine {} up: handshake port {rpc_port}, TCP data port {data_port} (v2)",
@@ -277,7 +281,13 @@ impl TransferEngine {
 
     /// Takes the notifications received so far.
     pub fn take_notifies(&self) -> Vec<Notify> {
-        std::mem::take(&mut *self.inner.notifies.lock())
+        self.inner.notifies.take()
+    }
+
+    /// Notifications refused so far because the queue held
+    /// `MC_NOTIFY_QUEUE_BYTES` already (their senders were told).
+    pub fn dropped_notifies(&self) -> u64 {
+        self.inner.notifies.dropped()
     }
 
     /// Checks that `segment`'s engine answers on its handshake port.
@@ -321,10 +331,14 @@ impl Inner {
         match kind {
             MessageType::Metadata => Some(self.local_desc().encode()),
             MessageType::Notify => match NotifyMsg::decode(json) {
-                Ok(n) => {
-                    self.notifies.lock().push(n);
-                    Some(NotifyMsg::success_reply().encode())
-                }
+                Ok(n) => Some(match self.notifies.push(n) {
+                    Ok(()) => NotifyMsg::success_reply().encode(),
+                    Err(_) => NotifyMsg {
+                        name: String::new(),
+                        notify_msg: REFUSED_REPLY.into(),
+                    }
+                    .encode(),
+                }),
                 Err(e) => {
                     tracing::warn!("malformed notify ignored: {e}");
                     None
@@ -378,7 +392,7 @@ impl Inner {
             port: desc.tcp_data_port,
         };
         let data_addr = *handshake::resolve(&data, self.config.use_ipv6)
-            .map_err(err)?
+            .map_err(|e| err(e.to_string()))?
             .first()
             .ok_or_else(|| err("no data address".into()))?;
         Ok(Segment {
