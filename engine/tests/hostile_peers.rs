@@ -228,3 +228,38 @@ fn an_idle_data_connection_is_closed_at_the_idle_timeout() {
     unsafe { e.transfer_sync(t.session_id(), &[r]) }.unwrap();
     assert!(local.bytes() == pattern(len, 6).as_slice());
 }
+
+#[test]
+fn a_full_handshake_server_frees_its_slots_at_the_deadline_and_our_client_retries() {
+    let len = 64 << 10;
+    let (t, buf) = target(
+        Config {
+            handshake_max_connections: 4,
+            handshake_max_connections_per_ip: 2,
+            handshake_server_timeout: Duration::from_secs(2),
+            ..Config::default()
+        },
+        len,
+        7,
+    );
+    let rpc = session_addr(t.session_id());
+    // Two addresses take every slot, each with connections that send one
+    // byte of a frame and then nothing.
+    let mut holders: Vec<TcpStream> = ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"]
+        .iter()
+        .map(|src| {
+            let mut s = connect_from(src, rpc);
+            s.write_all(&[1]).unwrap();
+            s
+        })
+        .collect();
+    // A third address finds none free and is closed at once.
+    let mut excess = connect_from("127.0.0.4", rpc);
+    wait_closed(&mut excess, Duration::from_secs(60));
+    // A legitimate engine's metadata request is refused while the slots are
+    // held, retried, and served once the deadline frees them.
+    legit_read_verifies(t.session_id(), buf.addr(), &pattern(len, 7));
+    for s in &mut holders {
+        wait_closed(s, Duration::from_secs(60));
+    }
+}

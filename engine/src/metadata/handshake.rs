@@ -7,7 +7,7 @@
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -225,15 +225,18 @@ fn serve_permitted(
     handler: &Handler,
     _permit: ConnPermit,
 ) {
-    static DEADLINE_LOG: std::sync::OnceLock<LogThrottle> = std::sync::OnceLock::new();
-    match serve_one(stream, limits, handler) {
-        Ok(()) => {}
-        Err(e @ HandshakeError::Deadline { .. }) => {
-            if let Some(left_out) = DEADLINE_LOG.get_or_init(LogThrottle::per_second).allow() {
-                tracing::warn!("handshake from {peer} closed: {e}; {left_out} such lines left out");
-            }
-        }
-        Err(e) => tracing::warn!("handshake from {peer} failed: {e}"),
+    // Peers choose how often this happens: one line a second for each kind.
+    static DEADLINE_LOG: OnceLock<LogThrottle> = OnceLock::new();
+    static FAILURE_LOG: OnceLock<LogThrottle> = OnceLock::new();
+    let Err(e) = serve_one(stream, limits, handler) else {
+        return;
+    };
+    let (log, what) = match e {
+        HandshakeError::Deadline { .. } => (&DEADLINE_LOG, "closed"),
+        _ => (&FAILURE_LOG, "failed"),
+    };
+    if let Some(left_out) = log.get_or_init(LogThrottle::per_second).allow() {
+        tracing::warn!("handshake from {peer} {what}: {e}; {left_out} such lines left out");
     }
 }
 
