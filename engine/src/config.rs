@@ -93,6 +93,29 @@ pub struct Config {
     pub use_ipv6: bool,
     /// `MC_LOG_LEVEL`.
     pub log_level: LogLevel,
+    /// `MC_HANDSHAKE_SERVER_TIMEOUT` (ours, seconds): a handshake request must
+    /// arrive whole, and its reply leave, within this; then the connection is closed.
+    pub handshake_server_timeout: Duration,
+    /// `MC_HANDSHAKE_MAX_CONNECTIONS` (ours): handshake connections served at once.
+    pub handshake_max_connections: usize,
+    /// `MC_HANDSHAKE_MAX_CONNECTIONS_PER_IP` (ours): of those, from one address.
+    pub handshake_max_connections_per_ip: usize,
+    /// `MC_HANDSHAKE_TIMEOUT` (ours, seconds): bounds a whole handshake call
+    /// made by this engine (connect, send, reply).
+    pub handshake_timeout: Duration,
+    /// `MC_NOTIFY_QUEUE_BYTES` (ours): bytes of received notifications held
+    /// until `take_notifies`; more are refused and counted.
+    pub notify_queue_bytes: usize,
+    /// `MC_TCP_SERVER_MAX_CONNECTIONS` (ours): data connections served at once.
+    pub tcp_server_max_connections: usize,
+    /// `MC_TCP_SERVER_MAX_CONNECTIONS_PER_IP` (ours): of those, from one address.
+    pub tcp_server_max_connections_per_ip: usize,
+    /// `MC_TCP_SERVER_IDLE_TIMEOUT` (ours, seconds): a data connection without
+    /// a request for this long is closed (our lanes reconnect on their own).
+    pub tcp_server_idle_timeout: Duration,
+    /// `MC_TCP_STAGING_BUDGET_MB` (ours, MiB): pinned host memory the data
+    /// server may use to stage device memory, process-wide.
+    pub tcp_staging_budget: usize,
 }
 
 impl Default for Config {
@@ -116,6 +139,15 @@ impl Default for Config {
             tcp_bind_address: None,
             use_ipv6: false,
             log_level: LogLevel::Info,
+            handshake_server_timeout: Duration::from_secs(5),
+            handshake_max_connections: 128,
+            handshake_max_connections_per_ip: 32,
+            handshake_timeout: Duration::from_secs(60),
+            notify_queue_bytes: 64 << 20,
+            tcp_server_max_connections: 1024,
+            tcp_server_max_connections_per_ip: 256,
+            tcp_server_idle_timeout: Duration::from_secs(300),
+            tcp_staging_budget: 64 << 20,
         }
     }
 }
@@ -248,6 +280,7 @@ impl Config {
             c.tcp_bind_address = Some(ip);
         }
         c.use_ipv6 = env.flag("MC_USE_IPV6")?;
+        Self::read_bounds(&env, &mut c)?;
         if let Some(v) = get("MC_LOG_LEVEL") {
             c.log_level = match v.trim().to_ascii_uppercase().as_str() {
                 "TRACE" => LogLevel::Trace,
@@ -266,6 +299,63 @@ impl Config {
             }
         }
         Ok(c)
+    }
+}
+
+impl Config {
+    /// The bounds on what peers can make this engine spend.
+    fn read_bounds<F: Fn(&str) -> Option<String>>(
+        env: &Env<'_, F>,
+        c: &mut Config,
+    ) -> Result<(), ConfigError> {
+        let secs = |var: &'static str| -> Result<Option<Duration>, ConfigError> {
+            match env.int::<u64>(var, "whole seconds, at least 1")? {
+                Some(s) => Ok(Some(Duration::from_secs(nonzero(var, s)?))),
+                None => Ok(None),
+            }
+        };
+        let count = |var: &'static str| -> Result<Option<usize>, ConfigError> {
+            match env.int::<usize>(var, "a count, at least 1")? {
+                Some(n) => Ok(Some(nonzero(var, n)?)),
+                None => Ok(None),
+            }
+        };
+        if let Some(d) = secs("MC_HANDSHAKE_SERVER_TIMEOUT")? {
+            c.handshake_server_timeout = d;
+        }
+        if let Some(d) = secs("MC_HANDSHAKE_TIMEOUT")? {
+            c.handshake_timeout = d;
+        }
+        if let Some(n) = count("MC_HANDSHAKE_MAX_CONNECTIONS")? {
+            c.handshake_max_connections = n;
+        }
+        if let Some(n) = count("MC_HANDSHAKE_MAX_CONNECTIONS_PER_IP")? {
+            c.handshake_max_connections_per_ip = n;
+        }
+        if let Some(n) = count("MC_TCP_SERVER_MAX_CONNECTIONS")? {
+            c.tcp_server_max_connections = n;
+        }
+        if let Some(n) = count("MC_TCP_SERVER_MAX_CONNECTIONS_PER_IP")? {
+            c.tcp_server_max_connections_per_ip = n;
+        }
+        if let Some(d) = secs("MC_TCP_SERVER_IDLE_TIMEOUT")? {
+            c.tcp_server_idle_timeout = d;
+        }
+        if let Some(n) = env.int::<usize>("MC_NOTIFY_QUEUE_BYTES", "bytes, at least 4096")? {
+            if n < 4096 {
+                return Err(env.error("MC_NOTIFY_QUEUE_BYTES", "bytes, at least 4096"));
+            }
+            c.notify_queue_bytes = n;
+        }
+        // One stager is two 1 MiB chunks: less than 2 MiB could stage nothing.
+        let staging = "MiB, 2 to 65536 (one stager is 2 MiB)";
+        if let Some(mb) = env.int::<usize>("MC_TCP_STAGING_BUDGET_MB", staging)? {
+            if !(2..=65536).contains(&mb) {
+                return Err(env.error("MC_TCP_STAGING_BUDGET_MB", staging));
+            }
+            c.tcp_staging_budget = mb << 20;
+        }
+        Ok(())
     }
 }
 
@@ -377,6 +467,15 @@ mod tests {
             ("MC_TCP_LANES_PER_PEER", "2"),
             ("MC_TCP_BIND_ADDRESS", "127.0.0.1"),
             ("MC_LOG_LEVEL", "warning"),
+            ("MC_HANDSHAKE_SERVER_TIMEOUT", "3"),
+            ("MC_HANDSHAKE_TIMEOUT", "20"),
+            ("MC_HANDSHAKE_MAX_CONNECTIONS", "32"),
+            ("MC_HANDSHAKE_MAX_CONNECTIONS_PER_IP", "4"),
+            ("MC_NOTIFY_QUEUE_BYTES", "1048576"),
+            ("MC_TCP_SERVER_MAX_CONNECTIONS", "100"),
+            ("MC_TCP_SERVER_MAX_CONNECTIONS_PER_IP", "10"),
+            ("MC_TCP_SERVER_IDLE_TIMEOUT", "60"),
+            ("MC_TCP_STAGING_BUDGET_MB", "16"),
         ])
         .unwrap();
         assert!(c.force_tcp);
@@ -386,6 +485,15 @@ mod tests {
         assert_eq!(c.tcp_proto, Some(1));
         assert_eq!(c.tcp_lanes_per_peer, 2);
         assert_eq!(c.log_level, LogLevel::Warning);
+        assert_eq!(c.handshake_server_timeout, Duration::from_secs(3));
+        assert_eq!(c.handshake_timeout, Duration::from_secs(20));
+        assert_eq!(c.handshake_max_connections, 32);
+        assert_eq!(c.handshake_max_connections_per_ip, 4);
+        assert_eq!(c.notify_queue_bytes, 1 << 20);
+        assert_eq!(c.tcp_server_max_connections, 100);
+        assert_eq!(c.tcp_server_max_connections_per_ip, 10);
+        assert_eq!(c.tcp_server_idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.tcp_staging_budget, 16 << 20);
     }
 
     #[test]
@@ -419,6 +527,15 @@ mod tests {
             ("MC_TCP_BIND_ADDRESS", "localhost"),
             ("MC_LOG_LEVEL", "LOUD"),
             ("MC_USE_IPV6", "maybe"),
+            ("MC_HANDSHAKE_SERVER_TIMEOUT", "0"),
+            ("MC_HANDSHAKE_TIMEOUT", "1.5"),
+            ("MC_HANDSHAKE_MAX_CONNECTIONS", "0"),
+            ("MC_HANDSHAKE_MAX_CONNECTIONS_PER_IP", "-1"),
+            ("MC_NOTIFY_QUEUE_BYTES", "100"),
+            ("MC_TCP_SERVER_MAX_CONNECTIONS", "many"),
+            ("MC_TCP_SERVER_MAX_CONNECTIONS_PER_IP", "0"),
+            ("MC_TCP_SERVER_IDLE_TIMEOUT", "0"),
+            ("MC_TCP_STAGING_BUDGET_MB", "1"),
         ];
         for (var, value) in cases {
             let err = parse(&[(var, value)]).unwrap_err();

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 use crate::config::Config;
 use crate::error::{EngineError, TransferError};
@@ -13,6 +13,7 @@ use crate::memory::MemoryRegistry;
 use crate::metadata::handshake::{self, HandshakeServer};
 use crate::metadata::{MetadataStore, P2pStore};
 use crate::net;
+use crate::notify_queue::{NotifyQueue, REFUSED_REPLY};
 use crate::task::BatchState;
 use crate::transport::tcp::TcpTransport;
 use crate::transport::{Slice, Transport};
@@ -73,7 +74,7 @@ struct Inner {
     store: Box<dyn MetadataStore>,
     transports: Vec<Arc<dyn Transport>>,
     segments: RwLock<HashMap<String, Arc<Segment>>>,
-    notifies: Mutex<Vec<Notify>>,
+    notifies: NotifyQueue,
 }
 
 struct Segment {
@@ -109,6 +110,7 @@ impl TransferEngine {
         let memory = Arc::new(MemoryRegistry::new());
         let tcp = TcpTransport::start(ip, &host, memory.clone(), &config)?;
         let data_port = tcp.data_port();
+        let notify_bytes = config.notify_queue_bytes;
         let inner = Arc::new(Inner {
             store: Box::new(P2pStore::new(config.clone())),
             config,
@@ -118,18 +120,20 @@ impl TransferEngine {
             memory,
             transports: vec![Arc::new(tcp)],
             segments: RwLock::new(HashMap::new()),
-            notifies: Mutex::new(Vec::new()),
+            notifies: NotifyQueue::new(notify_bytes),
         });
         let weak = Arc::downgrade(&inner);
         let handler = Arc::new(move |kind: MessageType, json: &str| {
             weak.upgrade()
                 .and_then(|inner| inner.handle_rpc(kind, json))
         });
-        let rpc = HandshakeServer::start(rpc_listener, inner.config.handshake_max_length, handler)
-            .map_err(|source| EngineError::Listen {
+        let limits = handshake::ServerLimits::from_config(&inner.config);
+        let rpc = HandshakeServer::start_with(rpc_listener, limits, handler).map_err(|source| {
+            EngineError::Listen {
                 what: "cannot start the handshake server".into(),
                 source,
-            })?;
+            }
+        })?;
         let housekeeping = Housekeeping::start(Arc::downgrade(&inner))?;
         tracing::info!(
             "transfer engine {} up: handshake port {rpc_port}, TCP data port {data_port} (v2)",
@@ -268,7 +272,13 @@ impl TransferEngine {
 
     /// Takes the notifications received so far.
     pub fn take_notifies(&self) -> Vec<Notify> {
-        std::mem::take(&mut *self.inner.notifies.lock())
+        self.inner.notifies.take()
+    }
+
+    /// Notifications refused so far because the queue held
+    /// `MC_NOTIFY_QUEUE_BYTES` already (their senders were told).
+    pub fn dropped_notifies(&self) -> u64 {
+        self.inner.notifies.dropped()
     }
 
     /// Checks that `segment`'s engine answers on its handshake port.
@@ -320,10 +330,14 @@ impl Inner {
         match kind {
             MessageType::Metadata => Some(self.local_desc().encode()),
             MessageType::Notify => match NotifyMsg::decode(json) {
-                Ok(n) => {
-                    self.notifies.lock().push(n);
-                    Some(NotifyMsg::success_reply().encode())
-                }
+                Ok(n) => Some(match self.notifies.push(n) {
+                    Ok(()) => NotifyMsg::success_reply().encode(),
+                    Err(_) => NotifyMsg {
+                        name: String::new(),
+                        notify_msg: REFUSED_REPLY.into(),
+                    }
+                    .encode(),
+                }),
                 Err(e) => {
                     tracing::warn!("malformed notify ignored: {e}");
                     None

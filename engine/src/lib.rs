@@ -17,14 +17,18 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod conn_limit;
+pub mod deadline_io;
 pub mod device;
 pub mod engine;
 pub mod error;
 pub mod host_buffer;
+pub mod log_throttle;
 pub mod logging;
 pub mod memory;
 pub mod metadata;
 pub mod net;
+pub mod notify_queue;
 pub mod task;
 pub mod topology;
 pub mod transport;

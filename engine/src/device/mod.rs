@@ -10,6 +10,7 @@
 
 pub mod loader;
 pub mod staging;
+pub mod staging_pool;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::{Arc, OnceLock};

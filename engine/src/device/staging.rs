@@ -15,14 +15,23 @@ use super::{DeviceError, Runtime, Stream};
 /// Bytes per staging chunk.
 pub const CHUNK: usize = 1 << 20;
 
-struct Stager {
+/// Pinned bytes one [`Stager`] holds.
+pub const STAGER_BYTES: usize = 2 * CHUNK;
+
+/// Two pinned chunks and two streams on one device.
+pub(crate) struct Stager {
     rt: Arc<Runtime>,
     bufs: [*mut u8; 2],
     streams: [Stream; 2],
 }
 
+// SAFETY: the pinned buffers and streams are process-wide runtime handles,
+// usable from any host thread once the device is set (callers set it before
+// each use); a Stager is owned by one thread at a time, never shared.
+unsafe impl Send for Stager {}
+
 impl Stager {
-    fn new(rt: Arc<Runtime>, device: u32) -> Result<Self, DeviceError> {
+    pub(crate) fn new(rt: Arc<Runtime>, device: u32) -> Result<Self, DeviceError> {
         rt.set_device(device)?;
         let b0 = rt.host_alloc(CHUNK)?;
         let b1 = rt.host_alloc(CHUNK).inspect_err(|_| rt.free_host(b0))?;
@@ -51,7 +60,12 @@ impl Stager {
             .map_err(io::Error::other)
     }
 
-    fn receive_into(&mut self, src: &mut impl Read, dst: u64, len: usize) -> io::Result<()> {
+    pub(crate) fn receive_into(
+        &mut self,
+        src: &mut impl Read,
+        dst: u64,
+        len: usize,
+    ) -> io::Result<()> {
         let mut pending = [false; 2];
         let result = (|| {
             let mut off = 0;
@@ -87,7 +101,7 @@ impl Stager {
         result.and(drained)
     }
 
-    fn send_from(
+    pub(crate) fn send_from(
         &mut self,
         dst: &mut impl Write,
         prefix: &[u8],

@@ -4,27 +4,112 @@
 //! the server replies with a frame of the same type, shuts down its write
 //! side, waits briefly for the client's EOF and closes.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use thiserror::Error;
+
 use crate::config::Config;
+use crate::conn_limit::{ConnLimiter, ConnPermit};
+use crate::deadline_io::{drain_until_eof_by, is_deadline, read_exact_by, write_all_by};
 use crate::error::EngineError;
+use crate::log_throttle::LogThrottle;
 use crate::net;
 use crate::wire::handshake::{decode_body, decode_length, Frame, MessageType, LENGTH_PREFIX};
 use crate::wire::session::HostPort;
+use crate::wire::WireError;
 
 /// What the server does with a request: return the reply JSON, or `None` to
 /// close without replying.
 pub type Handler = dyn Fn(MessageType, &str) -> Option<String> + Send + Sync;
 
-/// Handshake requests handled at once; more wait in the backlog.
-const MAX_CONCURRENT: usize = 64;
-/// Server-side receive timeout per connection (upstream: 5 s).
-const SERVER_RECV_TIMEOUT: Duration = Duration::from_secs(5);
+/// Why one handshake exchange (served or requested) failed.
+#[derive(Debug, Error)]
+pub enum HandshakeError {
+    /// The host name does not resolve.
+    #[error("cannot resolve {host:?}: {source}")]
+    Resolve {
+        /// The name.
+        host: String,
+        /// Resolver error.
+        #[source]
+        source: io::Error,
+    },
+    /// The host name resolves to no usable address.
+    #[error("{host:?} resolves to no address")]
+    NoAddress {
+        /// The name.
+        host: String,
+    },
+    /// No address of the peer accepted the connection.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        /// The last address tried.
+        addr: SocketAddr,
+        /// Connect error.
+        #[source]
+        source: io::Error,
+    },
+    /// The whole exchange did not complete within its deadline.
+    #[error("{step} did not complete within the {limit:?} deadline of the whole exchange ({var})")]
+    Deadline {
+        /// What was in progress when time ran out.
+        step: &'static str,
+        /// The deadline.
+        limit: Duration,
+        /// The variable that sets it.
+        var: &'static str,
+    },
+    /// A socket call failed.
+    #[error("{step} failed: {source}")]
+    Io {
+        /// What was being done.
+        step: &'static str,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The frame could not be decoded.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The reply's type differs from the request's.
+    #[error("replied with type {got:?} to a {sent:?} request")]
+    WrongType {
+        /// Request type.
+        sent: MessageType,
+        /// Reply type.
+        got: MessageType,
+    },
+}
+
+/// Limits of a handshake listener (see [`Config`] for the variables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// Largest frame accepted (`MC_HANDSHAKE_MAX_LENGTH`).
+    pub max_len: u64,
+    /// Whole-request deadline (`MC_HANDSHAKE_SERVER_TIMEOUT`).
+    pub request_timeout: Duration,
+    /// Connections served at once (`MC_HANDSHAKE_MAX_CONNECTIONS`).
+    pub max_connections: usize,
+    /// Of those, from one address (`MC_HANDSHAKE_MAX_CONNECTIONS_PER_IP`).
+    pub max_connections_per_ip: usize,
+}
+
+impl ServerLimits {
+    /// The limits `config` sets.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            max_len: config.handshake_max_length,
+            request_timeout: config.handshake_server_timeout,
+            max_connections: config.handshake_max_connections,
+            max_connections_per_ip: config.handshake_max_connections_per_ip,
+        }
+    }
+}
 
 /// A running handshake listener; stops when dropped.
 pub struct HandshakeServer {
@@ -34,10 +119,24 @@ pub struct HandshakeServer {
 }
 
 impl HandshakeServer {
-    /// Serves `listener` (non-blocking) with `handler`.
+    /// Serves `listener` (non-blocking) with `handler`, frames up to
+    /// `max_len` and the default limits otherwise.
     pub fn start(
         listener: TcpListener,
         max_len: u64,
+        handler: Arc<Handler>,
+    ) -> std::io::Result<Self> {
+        let limits = ServerLimits {
+            max_len,
+            ..ServerLimits::from_config(&Config::default())
+        };
+        Self::start_with(listener, limits, handler)
+    }
+
+    /// Serves `listener` (non-blocking) with `handler` within `limits`.
+    pub fn start_with(
+        listener: TcpListener,
+        limits: ServerLimits,
         handler: Arc<Handler>,
     ) -> std::io::Result<Self> {
         let port = listener.local_addr()?.port();
@@ -45,7 +144,7 @@ impl HandshakeServer {
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("te-rpc-{port}"))
-            .spawn(move || accept_loop(listener, max_len, handler, stop2))?;
+            .spawn(move || accept_loop(listener, limits, handler, stop2))?;
         Ok(Self {
             port,
             stop,
@@ -68,8 +167,14 @@ impl Drop for HandshakeServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, max_len: u64, handler: Arc<Handler>, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
+fn accept_loop(
+    listener: TcpListener,
+    limits: ServerLimits,
+    handler: Arc<Handler>,
+    stop: Arc<AtomicBool>,
+) {
+    let slots = ConnLimiter::new(limits.max_connections, limits.max_connections_per_ip);
+    let refusals = LogThrottle::per_second();
     while !stop.load(Ordering::Acquire) {
         match net::wait_readable(&listener, Duration::from_millis(100)) {
             Ok(true) => {}
@@ -87,130 +192,252 @@ fn accept_loop(listener: TcpListener, max_len: u64, handler: Arc<Handler>, stop:
                 continue;
             }
         };
-        if active.load(Ordering::Acquire) >= MAX_CONCURRENT {
-            tracing::warn!(
-                "handshake from {peer} dropped: {MAX_CONCURRENT} requests already in progress"
-            );
-            continue;
-        }
-        active.fetch_add(1, Ordering::AcqRel);
+        // Closed at once (dropped) when refused: waiting in the backlog would
+        // let idle connections lock out every new engine.
+        let permit = match slots.try_acquire(peer.ip()) {
+            Ok(p) => p,
+            Err(why) => {
+                if let Some(left_out) = refusals.allow() {
+                    tracing::warn!(
+                        "handshake connection from {peer} closed: {why} (MC_HANDSHAKE_MAX_CONNECTIONS={}, MC_HANDSHAKE_MAX_CONNECTIONS_PER_IP={}); {left_out} such lines left out",
+                        limits.max_connections,
+                        limits.max_connections_per_ip
+                    );
+                }
+                continue;
+            }
+        };
         let handler = handler.clone();
-        let active2 = active.clone();
         let spawned = std::thread::Builder::new()
             .name("te-rpc-conn".into())
-            .spawn(move || {
-                if let Err(e) = serve_one(stream, max_len, &*handler) {
-                    tracing::warn!("handshake from {peer} failed: {e}");
-                }
-                active2.fetch_sub(1, Ordering::AcqRel);
-            });
+            .spawn(move || serve_permitted(stream, peer, limits, &*handler, permit));
         if let Err(e) = spawned {
-            active.fetch_sub(1, Ordering::AcqRel);
             tracing::error!("cannot start a handshake thread: {e}");
         }
     }
 }
 
-fn serve_one(mut stream: TcpStream, max_len: u64, handler: &Handler) -> Result<(), String> {
-    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+/// Serves one connection; its slot is freed when `_permit` drops at the end.
+fn serve_permitted(
+    stream: TcpStream,
+    peer: SocketAddr,
+    limits: ServerLimits,
+    handler: &Handler,
+    _permit: ConnPermit,
+) {
+    // Peers choose how often this happens: one line a second for each kind.
+    static DEADLINE_LOG: OnceLock<LogThrottle> = OnceLock::new();
+    static FAILURE_LOG: OnceLock<LogThrottle> = OnceLock::new();
+    let Err(e) = serve_one(stream, limits, handler) else {
+        return;
+    };
+    let (log, what) = match e {
+        HandshakeError::Deadline { .. } => (&DEADLINE_LOG, "closed"),
+        _ => (&FAILURE_LOG, "failed"),
+    };
+    if let Some(left_out) = log.get_or_init(LogThrottle::per_second).allow() {
+        tracing::warn!("handshake from {peer} {what}: {e}; {left_out} such lines left out");
+    }
+}
+
+/// Maps a socket error of a deadline-bound exchange to a [`HandshakeError`].
+fn io_error(
+    step: &'static str,
+    limit: Duration,
+    var: &'static str,
+) -> impl Fn(io::Error) -> HandshakeError {
+    move |source| {
+        if is_deadline(&source) {
+            HandshakeError::Deadline { step, limit, var }
+        } else {
+            HandshakeError::Io { step, source }
+        }
+    }
+}
+
+fn serve_one(
+    mut stream: TcpStream,
+    limits: ServerLimits,
+    handler: &Handler,
+) -> Result<(), HandshakeError> {
+    // One deadline for the whole request: a per-read timeout would let a peer
+    // hold the slot forever by sending a byte just before each timeout.
+    let deadline = Instant::now() + limits.request_timeout;
+    let var = "MC_HANDSHAKE_SERVER_TIMEOUT";
     stream
-        .set_read_timeout(Some(SERVER_RECV_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    stream
-        .set_write_timeout(Some(SERVER_RECV_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let frame = read_frame(&mut stream, max_len)?;
-    let json = frame.json().map_err(|e| e.to_string())?;
+        .set_nonblocking(false)
+        .map_err(|source| HandshakeError::Io {
+            step: "making the socket blocking",
+            source,
+        })?;
+    let frame = read_frame(
+        &mut stream,
+        limits.max_len,
+        deadline,
+        limits.request_timeout,
+        var,
+    )?;
+    let json = frame.json()?;
     let Some(reply) = handler(frame.kind, json) else {
         return Ok(());
     };
-    stream
-        .write_all(&Frame::new(frame.kind, &reply).encode())
-        .map_err(|e| format!("cannot send reply: {e}"))?;
+    write_all_by(
+        &mut stream,
+        &Frame::new(frame.kind, &reply).encode(),
+        deadline,
+    )
+    .map_err(io_error("sending the reply", limits.request_timeout, var))?;
     let _ = stream.shutdown(Shutdown::Write);
     // Wait for the client's EOF so it reads the whole reply before we close.
-    let mut sink = [0u8; 256];
-    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+    drain_until_eof_by(&mut stream, deadline);
     Ok(())
 }
 
-fn read_frame(stream: &mut TcpStream, max_len: u64) -> Result<Frame, String> {
+/// The step of reading a frame's length prefix.
+const READ_LENGTH: &str = "reading the frame length";
+
+fn read_frame(
+    stream: &mut TcpStream,
+    max_len: u64,
+    deadline: Instant,
+    limit: Duration,
+    var: &'static str,
+) -> Result<Frame, HandshakeError> {
     let mut prefix = [0u8; LENGTH_PREFIX];
-    stream
-        .read_exact(&mut prefix)
-        .map_err(|e| format!("cannot read frame length: {e}"))?;
-    let len = decode_length(&prefix, max_len).map_err(|e| e.to_string())?;
+    read_exact_by(stream, &mut prefix, deadline).map_err(io_error(READ_LENGTH, limit, var))?;
+    let len = decode_length(&prefix, max_len)?;
     let mut body = vec![0u8; len];
-    stream
-        .read_exact(&mut body)
-        .map_err(|e| format!("cannot read {len}-byte frame: {e}"))?;
-    decode_body(&body).map_err(|e| e.to_string())
+    read_exact_by(stream, &mut body, deadline).map_err(io_error(
+        "reading the frame body",
+        limit,
+        var,
+    ))?;
+    Ok(decode_body(&body)?)
 }
 
 /// Sends one request to `peer` (`host:port`) and returns the reply's JSON text.
+///
+/// `MC_HANDSHAKE_TIMEOUT` bounds the whole call: connecting (each attempt
+/// also within `MC_HANDSHAKE_CONNECT_TIMEOUT`), sending and receiving. A peer
+/// that accepts and never answers, or answers a byte at a time, fails the
+/// call at that deadline.
 pub fn request(
     peer: &HostPort,
     kind: MessageType,
     json: &str,
     cfg: &Config,
 ) -> Result<String, EngineError> {
-    let name = peer.session_id();
-    let fail = |reason: String| EngineError::Handshake {
-        peer: name.clone(),
-        reason,
-    };
-    let addrs = resolve(peer, cfg.use_ipv6).map_err(&fail)?;
-    let mut last = String::from("no address");
-    let mut stream = None;
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, cfg.handshake_connect_timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
+    exchange(peer, kind, json, cfg).map_err(|e| EngineError::Handshake {
+        peer: peer.session_id(),
+        reason: e.to_string(),
+    })
+}
+
+fn exchange(
+    peer: &HostPort,
+    kind: MessageType,
+    json: &str,
+    cfg: &Config,
+) -> Result<String, HandshakeError> {
+    let deadline = Instant::now() + cfg.handshake_timeout;
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match exchange_once(peer, kind, json, cfg, deadline) {
+            Err(e) if refused_at_accept(&e) && retry_is_safe(kind) => {
+                // The server closed before reading anything: its connection
+                // slots were all taken. Try again, within the same deadline.
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left <= pause {
+                    return Err(e);
+                }
+                tracing::debug!(
+                    "handshake with {} refused ({e}); retrying in {pause:?}",
+                    peer.session_id()
+                );
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
             }
-            Err(e) => last = format!("connect to {addr}: {e}"),
+            other => return other,
         }
     }
-    let mut stream = stream.ok_or_else(|| fail(last))?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(|e| fail(e.to_string()))?;
-    stream
-        .set_write_timeout(Some(Duration::from_secs(60)))
-        .map_err(|e| fail(e.to_string()))?;
-    stream
-        .write_all(&Frame::new(kind, json).encode())
-        .map_err(|e| fail(format!("cannot send request: {e}")))?;
-    let reply = read_frame(&mut stream, cfg.handshake_max_length).map_err(fail)?;
+}
+
+/// Whether the server closed the connection before replying anything, as
+/// it does with a connection over its caps.
+fn refused_at_accept(e: &HandshakeError) -> bool {
+    matches!(
+        e,
+        HandshakeError::Io { step: READ_LENGTH, source }
+            if matches!(
+                source.kind(),
+                io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::ConnectionAborted
+            )
+    )
+}
+
+/// Requests that change nothing on the server may be sent twice; a
+/// notification may not (the server may have queued it before closing).
+fn retry_is_safe(kind: MessageType) -> bool {
+    matches!(kind, MessageType::Metadata | MessageType::Probe)
+}
+
+fn exchange_once(
+    peer: &HostPort,
+    kind: MessageType,
+    json: &str,
+    cfg: &Config,
+    deadline: Instant,
+) -> Result<String, HandshakeError> {
+    let limit = cfg.handshake_timeout;
+    let var = "MC_HANDSHAKE_TIMEOUT";
+    let mut stream = connect_by(&resolve(peer, cfg.use_ipv6)?, cfg, deadline)?;
+    write_all_by(&mut stream, &Frame::new(kind, json).encode(), deadline).map_err(io_error(
+        "sending the request",
+        limit,
+        var,
+    ))?;
+    let reply = read_frame(&mut stream, cfg.handshake_max_length, deadline, limit, var)?;
     let _ = stream.shutdown(Shutdown::Both);
-    if Instant::now() > deadline {
-        return Err(fail("reply took longer than 300 s".into()));
-    }
     if reply.kind != kind {
-        return Err(fail(format!(
-            "replied with type {:?} to a {kind:?} request",
-            reply.kind
-        )));
+        return Err(HandshakeError::WrongType {
+            sent: kind,
+            got: reply.kind,
+        });
     }
-    reply
-        .json()
-        .map(str::to_string)
-        .map_err(|e| fail(e.to_string()))
+    Ok(reply.json()?.to_string())
+}
+
+/// Connects to the first of `addrs` that answers, each attempt within the
+/// connect timeout and all of them before `deadline`.
+fn connect_by(
+    addrs: &[SocketAddr],
+    cfg: &Config,
+    deadline: Instant,
+) -> Result<TcpStream, HandshakeError> {
+    let mut last = None;
+    for &addr in addrs {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match TcpStream::connect_timeout(&addr, left.min(cfg.handshake_connect_timeout)) {
+            Ok(s) => return Ok(s),
+            Err(source) => last = Some(HandshakeError::Connect { addr, source }),
+        }
+    }
+    Err(last.unwrap_or(HandshakeError::Deadline {
+        step: "connecting",
+        limit: cfg.handshake_timeout,
+        var: "MC_HANDSHAKE_TIMEOUT",
+    }))
 }
 
 /// Resolves a host:port to socket addresses (IPv4 first unless `MC_USE_IPV6`).
-pub fn resolve(hp: &HostPort, ipv6: bool) -> Result<Vec<SocketAddr>, String> {
-    let host = hp.host.split('%').next().unwrap_or(&hp.host);
-    let mut addrs: Vec<SocketAddr> = (host, hp.port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {:?}: {e}", hp.host))?
-        .collect();
-    if !ipv6 && addrs.iter().any(SocketAddr::is_ipv4) {
-        addrs.retain(SocketAddr::is_ipv4);
-    }
-    if addrs.is_empty() {
-        return Err(format!("{:?} resolves to no address", hp.host));
-    }
-    Ok(addrs)
+pub fn resolve(hp: &HostPort, ipv6: bool) -> Result<Vec<SocketAddr>, HandshakeError> {
+    crate::net::resolve(hp, ipv6).map_err(|source| HandshakeError::Resolve {
+        host: hp.host.clone(),
+        source,
+    })
 }

@@ -23,6 +23,8 @@ static int nregions;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int current_device;
 static uint64_t copies, async_copies, host_allocs;
+/* Pinned allocations alive now, and the most ever alive at once. */
+static uint64_t host_live, host_peak;
 
 static int devices(void) {
     const char *n = getenv("FAKE_GPU_DEVICES");
@@ -102,9 +104,27 @@ int API(StreamDestroy)(void *s) { free(s); return 0; }
 int API(HostAlloc)(void **p, size_t n, unsigned f) {
     (void)f;
     __atomic_add_fetch(&host_allocs, 1, __ATOMIC_RELAXED);
-    return posix_memalign(p, 4096, n) ? 2 : 0;
+    if (posix_memalign(p, 4096, n)) return 2;
+    pthread_mutex_lock(&lock);
+    if (++host_live > host_peak) host_peak = host_live;
+    pthread_mutex_unlock(&lock);
+    return 0;
 }
-int API(FreeHost)(void *p) { free(p); return 0; }
+int API(FreeHost)(void *p) {
+    pthread_mutex_lock(&lock);
+    host_live--;
+    pthread_mutex_unlock(&lock);
+    free(p);
+    return 0;
+}
+
+/* Test hook: pinned allocations alive now and at most at once. */
+void fake_gpu_pinned(uint64_t out[2]) {
+    pthread_mutex_lock(&lock);
+    out[0] = host_live;
+    out[1] = host_peak;
+    pthread_mutex_unlock(&lock);
+}
 
 /* Test hook: copies, asynchronous copies, pinned allocations. */
 void fake_gpu_stats(uint64_t out[3]) {

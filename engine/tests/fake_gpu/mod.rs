@@ -39,15 +39,24 @@ pub fn install_fake(vendor: Vendor) {
     });
 }
 
-/// (copies, async copies, pinned allocations) counted by the fake.
-pub fn stats() -> [u64; 3] {
+/// Calls the fake's test hook `name`, which fills `N` counters.
+fn hook<const N: usize>(name: &[u8]) -> [u64; N] {
     let rt = device::runtime().unwrap();
     let lib = unsafe { libloading::Library::new(rt.path()) }.unwrap();
-    let f: libloading::Symbol<unsafe extern "C" fn(*mut u64)> =
-        unsafe { lib.get(b"fake_gpu_stats") }.unwrap();
-    let mut out = [0u64; 3];
+    let f: libloading::Symbol<unsafe extern "C" fn(*mut u64)> = unsafe { lib.get(name) }.unwrap();
+    let mut out = [0u64; N];
     unsafe { f(out.as_mut_ptr()) };
     out
+}
+
+/// (copies, async copies, pinned allocations) counted by the fake.
+pub fn stats() -> [u64; 3] {
+    hook(b"fake_gpu_stats")
+}
+
+/// (pinned allocations alive now, most alive at once) counted by the fake.
+pub fn pinned() -> [u64; 2] {
+    hook(b"fake_gpu_pinned")
 }
 
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {

@@ -58,7 +58,8 @@ impl TcpTransport {
         );
         let listener = net::bind_in_range(ip, min, max, 1024).map_err(io(range.clone()))?;
         let data_port = listener.local_addr().map_err(io(range))?.port();
-        let server = TcpServer::start(listener, memory, config.tcp_status_timeout)
+        crate::device::staging_pool::configure(config);
+        let server = TcpServer::start(listener, memory, config)
             .map_err(io("cannot start the TCP data server".into()))?;
         Ok(Self {
             config: config.clone(),

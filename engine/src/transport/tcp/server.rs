@@ -8,11 +8,14 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::cut_reader::CutStream;
+use crate::config::Config;
+use crate::conn_limit::ConnLimiter;
+use crate::log_throttle::LogThrottle;
 use crate::memory::{Abort, MemoryRegistry, SocketCut};
 use crate::net;
 use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN};
@@ -30,15 +33,25 @@ struct Shared {
     stop: AtomicBool,
     conns: Mutex<HashMap<u64, Arc<SocketCut>>>,
     next_id: AtomicU64,
+    /// Caps connections (and so threads) in total and per peer address.
+    slots: Arc<ConnLimiter>,
+    /// A connection without a request for this long is closed.
+    idle_timeout: Duration,
+    refusal_log: LogThrottle,
+    idle_log: LogThrottle,
 }
 
 impl TcpServer {
-    /// Serves `listener` (non-blocking); `io_timeout` bounds every stalled read or write.
+    /// Serves `listener` (non-blocking) within the limits of `config`:
+    /// `MC_TCP_STATUS_TIMEOUT_SEC` bounds every stalled read or write,
+    /// `MC_TCP_SERVER_MAX_CONNECTIONS[_PER_IP]` the connections served at
+    /// once, `MC_TCP_SERVER_IDLE_TIMEOUT` how long one may wait for a request.
     pub fn start(
         listener: TcpListener,
         memory: Arc<MemoryRegistry>,
-        io_timeout: Duration,
+        config: &Config,
     ) -> io::Result<Self> {
+        let io_timeout = config.tcp_status_timeout;
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared {
             memory,
@@ -46,6 +59,13 @@ impl TcpServer {
             stop: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
+            slots: ConnLimiter::new(
+                config.tcp_server_max_connections,
+                config.tcp_server_max_connections_per_ip,
+            ),
+            idle_timeout: config.tcp_server_idle_timeout,
+            refusal_log: LogThrottle::per_second(),
+            idle_log: LogThrottle::per_second(),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -94,6 +114,19 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
+        // Refused connections are closed at once (dropped): a thread each
+        // for any number of idle connections is what the cap prevents.
+        let permit = match shared.slots.try_acquire(peer.ip()) {
+            Ok(p) => p,
+            Err(why) => {
+                if let Some(left_out) = shared.refusal_log.allow() {
+                    tracing::warn!(
+                        "data connection from {peer} closed: {why} (MC_TCP_SERVER_MAX_CONNECTIONS / MC_TCP_SERVER_MAX_CONNECTIONS_PER_IP); {left_out} such lines left out"
+                    );
+                }
+                continue;
+            }
+        };
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let cut = match stream.try_clone() {
             Ok(c) => Arc::new(SocketCut::new(c)),
@@ -107,6 +140,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         let spawned = std::thread::Builder::new()
             .name("te-tcp-conn".into())
             .spawn(move || {
+                let _permit = permit;
                 if let Err(e) = serve(stream, peer, &cut, &s) {
                     if !s.stop.load(Ordering::Acquire) {
                         tracing::debug!("data connection from {peer} ended: {e}");
@@ -139,13 +173,23 @@ fn serve(
     let mut header = [0u8; HEADER_LEN];
     let mut scratch = Vec::new();
     loop {
-        // Idle connections wait here without a deadline, but notice shutdown.
+        // Idle connections wait here until the idle timeout, and notice shutdown.
+        let idle_since = Instant::now();
         loop {
             if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
                 return Ok(());
             }
             if net::wait_readable(&stream, Duration::from_millis(200))? {
                 break;
+            }
+            if idle_since.elapsed() >= shared.idle_timeout {
+                if let Some(left_out) = shared.idle_log.allow() {
+                    tracing::warn!(
+                        "data connection from {peer} closed: no request for {:?} (MC_TCP_SERVER_IDLE_TIMEOUT); {left_out} such lines left out",
+                        shared.idle_timeout
+                    );
+                }
+                return Ok(());
             }
         }
         if !net::read_exact_or_eof(&mut own, &mut header)? {
@@ -176,7 +220,7 @@ fn serve(
             // Device memory: staged through pinned host buffers.
             match h.opcode {
                 OpCode::Write => {
-                    crate::device::staging::receive_into(
+                    crate::device::staging_pool::receive_into(
                         device,
                         &mut own,
                         h.addr,
@@ -185,7 +229,7 @@ fn serve(
                     own.write_all(status)?;
                 }
                 OpCode::Read => {
-                    crate::device::staging::send_from(
+                    crate::device::staging_pool::send_from(
                         device,
                         &mut own,
                         status,

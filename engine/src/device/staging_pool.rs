@@ -1,0 +1,200 @@
+//! Pinned staging for the data server, within a fixed process-wide budget.
+//!
+//! Every data-server thread that touches device memory needs a [`Stager`]
+//! (2 MiB of pinned host memory and two streams). Kept per thread, any number
+//! of peer connections pins any amount of host memory. Here the server checks
+//! a stager out of one pool for the length of one request and gives it back
+//! after: at most `MC_TCP_STAGING_BUDGET_MB` of stagers exist at once. When
+//! every stager is busy, a request waits for one, up to the data path's I/O
+//! timeout (`MC_TCP_STATUS_TIMEOUT_SEC`), then fails with an error saying
+//! so, which closes the connection.
+//!
+//! The budget is per process (pinned memory is), and the most recently
+//! started engine's configuration sets it. Our own outgoing lanes stage
+//! through [`super::staging`]'s per-thread stagers, which are bounded by the
+//! lanes this engine chose to open, not by what peers do; keeping them out of
+//! this pool also means a process that both sends and serves cannot have its
+//! lanes hold every stager its server needs.
+
+use std::io::{self, Read, Write};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::staging::{Stager, STAGER_BYTES};
+use crate::config::Config;
+use crate::log_throttle::LogThrottle;
+
+struct Pool {
+    state: Mutex<State>,
+    freed: Condvar,
+    exhausted_log: LogThrottle,
+}
+
+struct State {
+    /// Stagers not checked out, with their device.
+    idle: Vec<(u32, Stager)>,
+    /// Stagers in existence (idle or checked out).
+    live: usize,
+    /// The budget, in stagers.
+    max: usize,
+    /// How long a request waits for a free stager.
+    wait: Duration,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let defaults = Config::default();
+        Pool {
+            state: Mutex::new(State {
+                idle: Vec::new(),
+                live: 0,
+                max: stagers_in(defaults.tcp_staging_budget),
+                wait: defaults.tcp_status_timeout,
+            }),
+            freed: Condvar::new(),
+            exhausted_log: LogThrottle::per_second(),
+        }
+    })
+}
+
+fn stagers_in(budget: usize) -> usize {
+    (budget / STAGER_BYTES).max(1)
+}
+
+/// Sets the process-wide budget (`MC_TCP_STAGING_BUDGET_MB`) and the wait
+/// for a free stager (`MC_TCP_STATUS_TIMEOUT_SEC`) from `config`.
+pub fn configure(config: &Config) {
+    let surplus = {
+        let mut st = pool().state.lock();
+        st.max = stagers_in(config.tcp_staging_budget);
+        st.wait = config.tcp_status_timeout;
+        // A smaller budget frees idle stagers at once, busy ones when returned.
+        let mut surplus = Vec::new();
+        while st.live > st.max {
+            let Some((_, s)) = st.idle.pop() else { break };
+            st.live -= 1;
+            surplus.push(s);
+        }
+        surplus
+    };
+    // Freed outside the lock: freeing synchronises streams.
+    drop(surplus);
+}
+
+/// Stagers in existence now (idle or checked out).
+pub fn live_stagers() -> usize {
+    pool().state.lock().live
+}
+
+/// A stager checked out of the pool; goes back on drop.
+struct Lease {
+    stager: Option<Stager>,
+    device: u32,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(s) = self.stager.take() else { return };
+        let p = pool();
+        let surplus = {
+            let mut st = p.state.lock();
+            if st.live > st.max {
+                st.live -= 1;
+                Some(s)
+            } else {
+                st.idle.push((self.device, s));
+                None
+            }
+        };
+        p.freed.notify_one();
+        drop(surplus);
+    }
+}
+
+fn checkout(device: u32) -> io::Result<Lease> {
+    let p = pool();
+    let rt = super::runtime().map_err(io::Error::other)?;
+    let mut st = p.state.lock();
+    let deadline = Instant::now() + st.wait;
+    loop {
+        if let Some(i) = st.idle.iter().position(|(d, _)| *d == device) {
+            let (_, s) = st.idle.swap_remove(i);
+            drop(st);
+            rt.set_device(device).map_err(io::Error::other)?;
+            return Ok(Lease {
+                stager: Some(s),
+                device,
+            });
+        }
+        if st.live < st.max {
+            st.live += 1;
+            drop(st);
+            return match Stager::new(rt.clone(), device) {
+                Ok(s) => Ok(Lease {
+                    stager: Some(s),
+                    device,
+                }),
+                Err(e) => {
+                    p.state.lock().live -= 1;
+                    p.freed.notify_one();
+                    Err(io::Error::other(e))
+                }
+            };
+        }
+        if !st.idle.is_empty() {
+            // The budget is spent, partly on idle stagers of another device:
+            // free one to make room for this device's.
+            let spare = st.idle.pop();
+            st.live -= 1;
+            drop(st);
+            drop(spare);
+            st = p.state.lock();
+            continue;
+        }
+        let (max, wait) = (st.max, st.wait);
+        if let Some(left_out) = p.exhausted_log.allow() {
+            tracing::warn!(
+                "all {max} staging buffers ({} MiB, MC_TCP_STAGING_BUDGET_MB) are busy; a request for device {device} waits up to {wait:?}; {left_out} such lines left out",
+                (max * STAGER_BYTES) >> 20
+            );
+        }
+        if p.freed.wait_until(&mut st, deadline).timed_out() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no staging buffer became free within {wait:?}: all {max} ({} MiB, MC_TCP_STAGING_BUDGET_MB) stayed busy",
+                    (max * STAGER_BYTES) >> 20
+                ),
+            ));
+        }
+    }
+}
+
+fn with_lease<T>(device: u32, f: impl FnOnce(&mut Stager) -> io::Result<T>) -> io::Result<T> {
+    let mut lease = checkout(device)?;
+    match lease.stager.as_mut() {
+        Some(s) => f(s),
+        None => Err(io::Error::other("staging lease without a stager")),
+    }
+}
+
+/// Reads `len` bytes from `src` into device memory at `dst` on `device`,
+/// through a stager of the pool.
+pub fn receive_into(device: u32, src: &mut impl Read, dst: u64, len: usize) -> io::Result<()> {
+    with_lease(device, |s| s.receive_into(src, dst, len))
+}
+
+/// Writes `prefix`, then `len` bytes of device memory at `src` on `device`,
+/// to `dst`, through a stager of the pool.
+pub fn send_from(
+    device: u32,
+    dst: &mut impl Write,
+    prefix: &[u8],
+    src: u64,
+    len: usize,
+) -> io::Result<()> {
+    with_lease(device, |s| s.send_from(dst, prefix, src, len))
+}

@@ -1,0 +1,66 @@
+//! A hostile peer's tools: raw connections from chosen loopback addresses,
+//! dribbling bytes, and waiting for the server to close on us.
+
+#![allow(dead_code)]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use socket2::{Domain, Socket, Type};
+
+/// A TCP connection to `dst` from the loopback address `src` (127.0.0.2,
+/// ...), so per-address caps see it apart from an engine on 127.0.0.1.
+pub fn connect_from(src: &str, dst: SocketAddr) -> TcpStream {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::new(src.parse().unwrap(), 0).into())
+        .unwrap();
+    s.connect(&dst.into()).unwrap();
+    s.into()
+}
+
+/// Blocks until the server closes `s` (EOF or reset); fails after `limit`.
+pub fn wait_closed(s: &mut TcpStream, limit: Duration) {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut buf = [0u8; 64];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return,
+            Err(e) => panic!("the server did not close the connection within {limit:?}: {e}"),
+        }
+    }
+}
+
+/// Whether the server has closed `s` already (without waiting).
+pub fn is_closed(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 1];
+    let closed = match (&*s).read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != ErrorKind::WouldBlock,
+    };
+    s.set_nonblocking(false).unwrap();
+    closed
+}
+
+/// Sends `first`, then one byte every 100 ms (for at most a minute) until
+/// the other side closes or `stop` is set: well inside any per-read timeout.
+pub fn dribble(mut s: TcpStream, first: Vec<u8>, stop: Arc<AtomicBool>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        if s.write_all(&first).is_err() {
+            return;
+        }
+        for _ in 0..600 {
+            if stop.load(Ordering::Acquire) || s.write_all(b"x").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
