@@ -13,7 +13,8 @@
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Something that holds memory and can be told to let go of it now (a connection).
 pub trait Abort: Send + Sync + std::fmt::Debug {
@@ -21,11 +22,14 @@ pub trait Abort: Send + Sync + std::fmt::Debug {
     fn abort(&self);
 }
 
-/// The cut-off switch of one connection.
+/// The cut-off switch of one connection, and the deadline of the request it carries now.
 #[derive(Debug)]
 pub struct SocketCut {
     stream: TcpStream,
     cut: AtomicBool,
+    created: Instant,
+    /// Nanoseconds after `created` by which the current request must be done; 0: none.
+    deadline_ns: AtomicU64,
 }
 
 impl SocketCut {
@@ -34,6 +38,8 @@ impl SocketCut {
         Self {
             stream,
             cut: AtomicBool::new(false),
+            created: Instant::now(),
+            deadline_ns: AtomicU64::new(0),
         }
     }
 
@@ -42,11 +48,29 @@ impl SocketCut {
         self.cut.load(Ordering::Acquire)
     }
 
-    fn check(&self) -> io::Result<()> {
+    /// Every read and write from now fails once `within` has passed (a peer that sends
+    /// one byte at a time cannot hold the connection longer); `None` lifts the deadline.
+    pub fn set_deadline(&self, within: Option<Duration>) {
+        let ns = within.map_or(0, |d| {
+            let at = self.created.elapsed() + d;
+            u64::try_from(at.as_nanos()).unwrap_or(u64::MAX).max(1)
+        });
+        self.deadline_ns.store(ns, Ordering::Release);
+    }
+
+    /// Fails if the connection was cut or the request's deadline has passed.
+    pub fn check(&self) -> io::Result<()> {
         if self.is_cut() {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
                 "the connection was cut to release memory (timeout, interrupt or unregister)",
+            ));
+        }
+        let deadline = self.deadline_ns.load(Ordering::Acquire);
+        if deadline != 0 && self.created.elapsed().as_nanos() > u128::from(deadline) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the request did not complete by its deadline",
             ));
         }
         Ok(())
@@ -298,6 +322,21 @@ mod tests {
         // The peer keeps sending; nothing more may land.
         let _ = b.write_all(&[2u8; 1000]);
         assert!(!dst.contains(&2));
+    }
+
+    #[test]
+    fn a_request_deadline_stops_a_dribbling_peer() {
+        let (a, mut b) = pair();
+        let cut = SocketCut::new(a.try_clone().unwrap());
+        cut.set_deadline(Some(Duration::ZERO));
+        b.write_all(&[1u8; 10]).unwrap();
+        let mut dst = vec![0u8; 100];
+        // SAFETY: `dst` outlives the span.
+        let span = unsafe { MemSpan::new(dst.as_mut_ptr() as u64, 100) };
+        let err = span.recv_from(&a, &cut).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        cut.set_deadline(None);
+        assert!(cut.check().is_ok());
     }
 
     #[test]

@@ -15,13 +15,7 @@ pub struct CutStream<'a> {
 
 impl CutStream<'_> {
     fn check(&self) -> io::Result<()> {
-        if self.cut.is_cut() {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the connection was cut to release memory",
-            ));
-        }
-        Ok(())
+        self.cut.check()
     }
 }
 

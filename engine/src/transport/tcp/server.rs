@@ -174,6 +174,7 @@ fn serve(
     let mut scratch = Vec::new();
     loop {
         // Idle connections wait here until the idle timeout, and notice shutdown.
+        cut.set_deadline(None);
         let idle_since = Instant::now();
         loop {
             if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
@@ -192,11 +193,17 @@ fn serve(
                 return Ok(());
             }
         }
+        // The header, once its first byte is here, within the I/O timeout.
+        cut.set_deadline(Some(shared.io_timeout));
         if !net::read_exact_or_eof(&mut own, &mut header)? {
             return Ok(());
         }
         let h = RequestHeader::decode(&header)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        // The whole request (payload in, status and data out) within the I/O timeout plus
+        // 1 ns per byte, as upstream bounds a transfer: a peer that sends a byte at a time
+        // holds this connection, its thread and any staging for that long at most.
+        cut.set_deadline(Some(shared.io_timeout + Duration::from_nanos(h.size)));
         let Some(pin) = shared.memory.pin(h.addr, h.size, &holder) else {
             tracing::warn!(
                 "rejected {:?} of {:#x}+{} from {peer}: not inside one registered buffer",
