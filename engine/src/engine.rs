@@ -15,7 +15,6 @@ use crate::metadata::{MetadataStore, P2pStore};
 use crate::net;
 use crate::notify_queue::{NotifyQueue, REFUSED_REPLY};
 use crate::task::BatchState;
-use crate::transport::tcp::TcpTransport;
 use crate::transport::{Slice, Transport};
 use crate::wire::descriptor::{BufferDesc, NotifyMsg, SegmentDesc, PROBE_REPLY};
 use crate::wire::handshake::MessageType;
@@ -108,8 +107,7 @@ impl TransferEngine {
         }
         .session_id();
         let memory = Arc::new(MemoryRegistry::new());
-        let tcp = TcpTransport::start(ip, &host, memory.clone(), &config)?;
-        let data_port = tcp.data_port();
+        let transports = crate::transport::start(ip, &host, memory.clone(), &config)?;
         let notify_bytes = config.notify_queue_bytes;
         let inner = Arc::new(Inner {
             store: Box::new(P2pStore::new(config.clone())),
@@ -118,7 +116,7 @@ impl TransferEngine {
             host,
             rpc_port,
             memory,
-            transports: vec![Arc::new(tcp)],
+            transports,
             segments: RwLock::new(HashMap::new()),
             notifies: NotifyQueue::new(notify_bytes),
         });
@@ -135,9 +133,12 @@ impl TransferEngine {
             }
         })?;
         let housekeeping = Housekeeping::start(Arc::downgrade(&inner))?;
+        let desc = inner.local_desc();
         tracing::info!(
-            "transfer engine {} up: handshake port {rpc_port}, TCP data port {data_port} (v2)",
-            inner.session_id
+            "transfer engine {} up: handshake port {rpc_port}, transports {:?}, TCP data port {} (v2)",
+            inner.session_id,
+            desc.protocol,
+            desc.tcp_data_port
         );
         Ok(Self {
             inner,
@@ -175,7 +176,7 @@ impl TransferEngine {
     pub fn register_memory(&self, addr: u64, len: u64, location: &str) -> Result<(), EngineError> {
         let location = resolve_location(addr, location)?;
         self.inner.memory.register(addr, len, &location)?;
-        self.inner.store.publish(&self.inner.local_desc())
+        Ok(self.inner.store.publish(&self.inner.local_desc())?)
     }
 
     /// Unregisters the region starting at `addr`. Returns once no engine thread touches
@@ -183,7 +184,7 @@ impl TransferEngine {
     /// request fail), not waited for.
     pub fn unregister_memory(&self, addr: u64) -> Result<(), EngineError> {
         self.inner.memory.unregister(addr)?;
-        self.inner.store.publish(&self.inner.local_desc())
+        Ok(self.inner.store.publish(&self.inner.local_desc())?)
     }
 
     /// `(addr, len, location)` of every registered region, locations resolved.

@@ -73,6 +73,9 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    /// A peer's descriptor could not be fetched (or ours published).
+    #[error(transparent)]
+    Metadata(#[from] crate::metadata::MetadataError),
     /// A transport could not start or take the work.
     #[error(transparent)]
     Transport(#[from] crate::transport::TransportError),
@@ -122,6 +125,8 @@ impl EngineError {
             Self::Transport(crate::transport::TransportError::Unusable { .. }) => -201,
             Self::Transport(crate::transport::TransportError::Io { .. }) => -102,
             Self::Transfer { .. } => -1,
+            Self::Metadata(crate::metadata::MetadataError::Handshake { .. }) => -104,
+            Self::Metadata(crate::metadata::MetadataError::BadDescriptor { .. }) => -200,
             Self::Device(_) => -6,
             Self::Handshake { .. } => -104,
             Self::Wire(_) => -103,

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use super::MetadataError;
 use crate::config::Config;
 use crate::conn_limit::{ConnLimiter, ConnPermit};
 use crate::deadline_io::{drain_until_eof_by, is_deadline, read_exact_by, write_all_by};
-use crate::error::EngineError;
 use crate::log_throttle::LogThrottle;
 use crate::net;
 use crate::wire::handshake::{decode_body, decode_length, Frame, MessageType, LENGTH_PREFIX};
@@ -326,10 +326,10 @@ pub fn request(
     kind: MessageType,
     json: &str,
     cfg: &Config,
-) -> Result<String, EngineError> {
-    exchange(peer, kind, json, cfg).map_err(|e| EngineError::Handshake {
+) -> Result<String, MetadataError> {
+    exchange(peer, kind, json, cfg).map_err(|source| MetadataError::Handshake {
         peer: peer.session_id(),
-        reason: e.to_string(),
+        source,
     })
 }
 

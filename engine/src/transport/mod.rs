@@ -45,6 +45,18 @@ pub enum TransportError {
     },
 }
 
+/// Starts the transports this host can serve, in the order the engine prefers them:
+/// each listens on `ip` and serves `memory`; `host` is the name peers are told.
+pub fn start(
+    ip: std::net::IpAddr,
+    host: &str,
+    memory: Arc<crate::memory::MemoryRegistry>,
+    config: &crate::config::Config,
+) -> Result<Vec<Arc<dyn Transport>>, TransportError> {
+    let tcp = tcp::TcpTransport::start(ip, host, memory, config)?;
+    Ok(vec![Arc::new(tcp)])
+}
+
 /// A transport behind the engine.
 pub trait Transport: Send + Sync {
     /// The protocol name peers advertise (`tcp`, `rdma`, ...).
