@@ -8,7 +8,8 @@
 #   WHEEL            use this wheel instead of building one
 #   PY_VENV          the test venv (default: $REPO/.venv-test)
 #   UPSTREAM_PYTHON  python of the upstream wheel's venv, for the interop tests
-#                    (default: $REPO/.venv-upstream/bin/python when it exists; else skipped)
+#                    (default: $REPO/.venv-upstream/bin/python, made by scripts/setup-upstream.sh;
+#                    without it the interop tests fail, saying so: nothing is skipped)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

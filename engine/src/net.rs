@@ -127,8 +127,9 @@ pub fn timestamp_now() -> String {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     let secs = now.as_secs() as libc::time_t;
-    // SAFETY: `tm` is plain data; localtime_r fills it and returns null on failure.
+    // SAFETY: `tm` is plain data, for which all zeroes is a valid value.
     let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to live locals; localtime_r returns null on failure.
     let ok = unsafe { !libc::localtime_r(&secs, &mut tm).is_null() };
     if !ok {
         return String::new();

@@ -2,6 +2,12 @@
 //! again with `TE_TEST_PEER` set), page-aligned buffers, patterns and hashes.
 
 #![allow(dead_code)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test support: a panic here is the calling test's failure report \
+              (clippy.toml's allow-*-in-tests covers #[test] functions, not their helpers)"
+)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

@@ -4,6 +4,12 @@
 //! Its own test binary: it counts the data server's connection threads of
 //! this process, which other tests' engines would add to.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod common;
 mod raw_peer;
 
@@ -79,10 +85,12 @@ fn a_thousand_idle_data_connections_do_not_get_a_thousand_threads() {
     let e = engine();
     let local = Buf::new(len);
     let r = Request::new(OpCode::Read, local.addr(), buf.addr(), len as u64);
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { e.transfer_sync(t.session_id(), &[r]) }.unwrap();
     assert!(local.to_vec() == pattern(len, 8));
     local.write_at(0, &pattern(len, 9)).unwrap();
     let w = Request::new(OpCode::Write, local.addr(), buf.addr(), len as u64);
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { e.transfer_sync(t.session_id(), &[w]) }.unwrap();
     assert!(buf.to_vec() == pattern(len, 9));
 }

@@ -1,6 +1,12 @@
 //! The data server stages device memory within MC_TCP_STAGING_BUDGET_MB,
 //! with a FAKE CUDA runtime (see fake_gpu/fake_runtime.c) that counts the
 //! pinned host allocations alive. Its own test binary: the count is per process.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
 mod fake_gpu;
 mod raw_peer;
 
@@ -84,6 +90,7 @@ fn device_staging_stays_within_its_budget() {
     src.write_at(0, &data).unwrap();
     let seg = target.session_id().to_string();
     let w = Request::new(OpCode::Write, src.addr(), dst, len as u64);
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { initiator.transfer_sync(&seg, &[w]) }.unwrap();
     assert!(
         fake_gpu::device_bytes(dst, len) == data,
@@ -91,6 +98,7 @@ fn device_staging_stays_within_its_budget() {
     );
     let back = HostBuffer::new(len);
     let r = Request::new(OpCode::Read, back.addr(), dst, len as u64);
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { initiator.transfer_sync(&seg, &[r]) }.unwrap();
     assert!(back.to_vec() == data, "wrong bytes read back");
 

@@ -1,4 +1,10 @@
 //! Device memory with a FAKE MUSA runtime (see fake_gpu/fake_runtime.c).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
 mod fake_gpu;
 use transfer_engine::device::Vendor;
 

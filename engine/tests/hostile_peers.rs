@@ -6,6 +6,12 @@
 //! connects from 127.0.0.1. Waits are for events on the sockets (EOF from
 //! the server), never sleeps; time bounds are generous upper bounds.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod common;
 mod raw_peer;
 
@@ -46,6 +52,7 @@ fn legit_read_verifies(session: &str, remote: u64, expected: &[u8]) {
     let e = engine();
     let local = Buf::new(expected.len());
     let r = Request::new(OpCode::Read, local.addr(), remote, expected.len() as u64);
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { e.transfer_sync(session, &[r]) }.unwrap();
     assert!(
         local.to_vec() == expected,
@@ -159,6 +166,7 @@ fn the_handshake_client_gives_up_at_its_deadline() {
     let (t, buf) = target(Config::default(), len, 4);
     let local = Buf::new(len);
     let r = Request::new(OpCode::Read, local.addr(), buf.addr(), len as u64);
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { e.transfer_sync(t.session_id(), &[r]) }.unwrap();
     assert!(local.to_vec() == pattern(len, 4));
 }
@@ -225,9 +233,11 @@ fn an_idle_data_connection_is_closed_at_the_idle_timeout() {
     let e = engine();
     let local = Buf::new(len);
     let r = Request::new(OpCode::Read, local.addr(), buf.addr(), len as u64);
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { e.transfer_sync(t.session_id(), &[r]) }.unwrap();
     let mut probe = connect_from("127.0.0.2", data);
     wait_closed(&mut probe, Duration::from_secs(30));
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { e.transfer_sync(t.session_id(), &[r]) }.unwrap();
     assert!(local.to_vec() == pattern(len, 6));
 }

@@ -1,4 +1,10 @@
 //! Session ids over IPv6 loopback: `[::1]:port`, bracketed as SGLang builds them.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
 use transfer_engine::{Config, OpCode, Request, TransferEngine};
 
 #[test]
@@ -25,6 +31,7 @@ fn engines_talk_over_ipv6_loopback() {
         remote: remote.as_ptr() as u64,
         len: local.len() as u64,
     };
+    // SAFETY: both vectors outlive the synchronous call.
     unsafe { a.transfer_sync(b.session_id(), &[w]) }.unwrap();
     assert!(remote == local);
     a.probe(b.session_id()).unwrap();

@@ -2,6 +2,12 @@
 //! restarts (here: six times, each a new engine on new ports) leaves idle links behind,
 //! and those are closed after `MC_TCP_LINK_IDLE_SEC`.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 use std::time::{Duration, Instant};
 
 use transfer_engine::{Config, HostBuffer, OpCode, Request, TransferEngine};

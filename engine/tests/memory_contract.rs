@@ -6,6 +6,12 @@
 //! memory back the way a serving framework does right after a failed call (munmap, then
 //! the allocator hands the same pages out again) and then lets the peer go on.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod raw_peer;
 
 use std::io::{ErrorKind, Read, Write};

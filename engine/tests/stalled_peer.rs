@@ -4,6 +4,12 @@
 //! on purpose): a handshake server that hands out a descriptor, and a data
 //! port that accepts and then reads nothing.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,6 +68,7 @@ fn a_stalled_peer_times_out_at_the_upstream_deadline() {
         len: 4096,
     }];
     let started = Instant::now();
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     let result = unsafe { engine.transfer_sync(&session, &reqs) };
     let took = started.elapsed();
     assert!(

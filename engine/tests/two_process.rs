@@ -1,11 +1,29 @@
 //! Two engines in two processes over loopback TCP, bytes verified.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::{engine, fnv, pattern, Buf, Peer, GUARD, GUARD_FILL};
 use transfer_engine::{OpCode, Request, TaskStatus, TransferError};
+
+/// Polls `done` until it holds (true) or `limit` passes (false).
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
 
 #[test]
 fn peer_process() {
@@ -35,6 +53,7 @@ fn data_moves_both_ways_with_bytes_verified() {
             (2 << 20) - 1,
         ),
     ];
+    // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
     unsafe { e.transfer_sync(&peer.session, &reqs) }.unwrap();
     assert!(
         local.to_vec() == pattern(len as usize, 7),
@@ -44,6 +63,7 @@ fn data_moves_both_ways_with_bytes_verified() {
     // Write a new pattern and check the peer holds it.
     let data = pattern(len as usize, 99);
     local.write_at(0, &data).unwrap();
+    // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
     unsafe {
         e.transfer_sync(
             &peer.session,
@@ -55,6 +75,7 @@ fn data_moves_both_ways_with_bytes_verified() {
 
     // And read it back into a cleared buffer.
     local.fill(0);
+    // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
     unsafe {
         e.transfer_sync(
             &peer.session,
@@ -84,6 +105,7 @@ fn unregistered_and_out_of_bounds_addresses_are_rejected_and_untouched() {
         Request::new(OpCode::Write, local.addr(), peer.addr, 0), // zero length: nothing to do
         Request::new(OpCode::Write, local.addr(), 0x10, 16),     // far away
     ];
+    // SAFETY: `local` outlives the batch, which is waited for below.
     let batch = unsafe { e.submit(&peer.session, &reqs) }.unwrap();
     assert!(batch.wait_until(Instant::now() + Duration::from_secs(10)));
     for i in [0, 1, 2, 3, 5] {
@@ -214,8 +236,18 @@ fn a_peer_dying_mid_batch_fails_the_batch_quickly() {
         })
         .collect(); // 16 GiB in total: far more than moves before the kill
     let started = Instant::now();
+    // SAFETY: `local` and the peer's region outlive the batch, which is waited for below.
     let batch = unsafe { e.submit(&peer.session, &reqs) }.unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Kill the peer once the batch is under way (a request acknowledged, the rest to come),
+    // whatever the machine's speed: the peer's acknowledgement is the signal, not a delay.
+    let under_way = wait_for(Duration::from_secs(60), || {
+        (0..reqs.len()).any(|i| batch.task(i) == Some(TaskStatus::Completed))
+    });
+    assert!(under_way, "no request of the batch completed within 60 s");
+    let pending = (0..reqs.len())
+        .filter(|&i| batch.task(i) == Some(TaskStatus::Pending))
+        .count();
+    assert!(pending > 0, "the whole batch finished before the kill");
     peer.child.kill().unwrap();
     let result = batch.wait();
     let took = started.elapsed();
@@ -226,6 +258,7 @@ fn a_peer_dying_mid_batch_fails_the_batch_quickly() {
     assert!(took < Duration::from_secs(15), "took {took:?}");
     // A later submit to the dead peer fails fast too.
     let t = Instant::now();
+    // SAFETY: `local` outlives the synchronous call.
     assert!(unsafe { e.transfer_sync(&peer.session, &reqs[..1]) }.is_err());
     assert!(t.elapsed() < Duration::from_secs(10));
 }
@@ -258,6 +291,7 @@ fn sixteen_threads_share_one_peer() {
                             )
                         })
                         .collect();
+                    // SAFETY: `buf` is this thread's own and outlives the synchronous call.
                     unsafe { e_ref.transfer_sync(&session, &writes) }.unwrap();
                     buf.fill(0);
                     let reads: Vec<Request> = writes
@@ -267,6 +301,7 @@ fn sixteen_threads_share_one_peer() {
                             ..*w
                         })
                         .collect();
+                    // SAFETY: `buf` is this thread's own and outlives the synchronous call.
                     unsafe { e_ref.transfer_sync(&session, &reads) }.unwrap();
                     assert!(buf.to_vec() == data, "thread {t} round {round}");
                 }
@@ -296,6 +331,7 @@ fn a_batch_of_ten_thousand_requests_succeeds() {
             )
         })
         .collect();
+    // SAFETY: `local` outlives the batch, which is waited for below.
     let batch = unsafe { e.submit(&peer.session, &reqs) }.unwrap();
     batch.wait().unwrap();
     assert!((0..n as usize).all(|i| batch.task(i) == Some(TaskStatus::Completed)));
@@ -311,6 +347,7 @@ fn memory_registered_after_first_contact_is_found() {
     let local = Buf::new(4096);
     let mem = Buf::new(8192);
     // First contact while the target has no memory: caches an empty descriptor.
+    // SAFETY: `local` outlives the synchronous call.
     unsafe {
         e.transfer_sync(
             target.session_id(),
@@ -320,6 +357,7 @@ fn memory_registered_after_first_contact_is_found() {
     .unwrap();
     assert!(e.segment_buffers(target.session_id()).unwrap().is_empty());
     target.register_memory(mem.addr(), 8192, "cpu:0").unwrap();
+    // SAFETY: `local` outlives the synchronous call.
     unsafe {
         e.transfer_sync(
             target.session_id(),

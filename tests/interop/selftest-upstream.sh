@@ -42,7 +42,8 @@ mkfifo "$WORK/in"
 TARGET_PID=$!
 exec 7>"$WORK/in"
 
-for _ in $(seq 100); do [ -s "$WORK/out" ] && break; sleep 0.1; done
+# Wait (60 s at most, for a loaded machine) for the hello line, complete with its newline.
+for _ in $(seq 600); do [ "$(wc -l <"$WORK/out")" -ge 1 ] && break; sleep 0.1; done
 HELLO="$(head -n1 "$WORK/out")"
 [ -n "$HELLO" ] || { cat "$WORK/target.err" >&2; echo "target did not start"; exit 1; }
 SID="$(json_get "$HELLO" session_id)"
@@ -53,7 +54,7 @@ ask() {  # ask COMMAND: send one command, print the one-line answer
     local n
     n="$(wc -l <"$WORK/out")"
     echo "$1" >&7
-    for _ in $(seq 300); do
+    for _ in $(seq 1200); do  # 60 s at most
         [ "$(wc -l <"$WORK/out")" -gt "$n" ] && { sed -n "$((n + 1))p" "$WORK/out"; return 0; }
         sleep 0.05
     done

@@ -152,3 +152,44 @@ def elapsed(fn, *args):
 
 def this_python() -> str:
     return sys.executable
+
+
+def _tcp_sockets():
+    """(inode, local port, state, unread bytes) of every TCP socket on this host
+    (``/proc/net/tcp`` and ``tcp6``; state ``0A`` is LISTEN)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            f = line.split()
+            rx_queue = int(f[4].split(":")[1], 16)
+            yield int(f[9]), int(f[1].rsplit(":", 1)[1], 16), f[3], rx_queue
+
+
+def listening_ports(pid: int) -> set:
+    """The TCP ports process ``pid`` listens on (its handshake and data ports)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(int(link[len("socket:[") : -1]))
+    return {port for inode, port, state, _ in _tcp_sockets() if inode in inodes and state == "0A"}
+
+
+def unread_bytes(ports: set) -> int:
+    """Bytes that arrived on connections to ``ports`` and that nobody has read yet
+    (accepted or still in the accept queue)."""
+    return sum(rx for _, port, state, rx in _tcp_sockets() if port in ports and state != "0A")
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    """Polls ``condition`` until it holds; fails with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.01)

@@ -1,10 +1,9 @@
 """Our wheel against the published upstream wheel, each in its own venv and process, both
-directions. Needs UPSTREAM_PYTHON (scripts/setup-upstream.sh makes the venv); skipped
-otherwise."""
+directions. Needs UPSTREAM_PYTHON (scripts/setup-upstream.sh makes the venv); without it
+each test fails and says how to set it (conftest.upstream_python)."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -12,17 +11,13 @@ import pytest
 from helpers import Buffer, Peer, pattern, run_peer_initiator, sha256, this_python
 from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
 
-UPSTREAM = os.environ.get("UPSTREAM_PYTHON")
-pytestmark = pytest.mark.skipif(
-    not (UPSTREAM and os.access(UPSTREAM, os.X_OK)), reason="UPSTREAM_PYTHON not set (scripts/setup-upstream.sh)"
-)
 MIB = 1 << 20
 UPSTREAM_ENV = {"MC_FORCE_TCP": "1"}
 
 
 @pytest.fixture(scope="module")
-def upstream_peer():
-    p = Peer(UPSTREAM, 8 * MIB, seed=5, env=UPSTREAM_ENV)
+def upstream_peer(upstream_python):
+    p = Peer(upstream_python, 8 * MIB, seed=5, env=UPSTREAM_ENV)
     yield p
     p.stop()
 
@@ -91,7 +86,7 @@ def test_notify_to_upstream_is_accepted(engine, upstream_peer, local_buffer):
 
 
 @pytest.mark.parametrize("target_kind", ["in-process", "our-process"])
-def test_upstream_initiator_against_our_target(target_kind):
+def test_upstream_initiator_against_our_target(target_kind, upstream_python):
     n = 8 * MIB
     if target_kind == "in-process":
         from helpers import initialized_engine
@@ -105,7 +100,7 @@ def test_upstream_initiator_against_our_target(target_kind):
         peer = Peer(this_python(), n, seed=71)
         sid, addr, dump = peer.session_id, peer.buffer, lambda: peer.sha256(0, n)
     try:
-        res = run_peer_initiator(UPSTREAM, sid, addr, n, 72, "--expect-peer-seed", "71", "--check-reject", "--blocks", "16")
+        res = run_peer_initiator(upstream_python, sid, addr, n, 72, "--expect-peer-seed", "71", "--check-reject", "--blocks", "16")
         assert res["_rc"] == 0 and res["ok"], res
         assert res["final_peer_sha256"] == dump()
         for name, r in res["reject"].items():

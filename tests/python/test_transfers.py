@@ -15,7 +15,18 @@ import time
 import numpy as np
 import pytest
 
-from helpers import Buffer, Peer, elapsed, initialized_engine, pattern, sha256, this_python
+from helpers import (
+    Buffer,
+    Peer,
+    elapsed,
+    initialized_engine,
+    listening_ports,
+    pattern,
+    sha256,
+    this_python,
+    unread_bytes,
+    wait_until,
+)
 from mooncake.engine import Read, TransferEngine, TransferNotify, TransferOpcode, Write
 
 MIB = 1 << 20
@@ -404,17 +415,18 @@ def test_gil_is_released_during_one_long_transfer():
     dst.clear(0)
     assert a.register_memory(src.addr, n) == 0 and b.register_memory(dst.addr, n) == 0
     count = 0
-    stop = threading.Event()
+    stop, running = threading.Event(), threading.Event()
 
     def counter():
         nonlocal count
+        running.set()
         while not stop.is_set():
             count += 1
 
     old = sys.getswitchinterval()
     c = threading.Thread(target=counter)
     c.start()
-    time.sleep(0.05)
+    assert running.wait(30), "the counter thread did not start"
     sys.setswitchinterval(0.5)
     try:
         deltas = []
@@ -454,17 +466,23 @@ except KeyboardInterrupt:
 
 def test_ctrl_c_interrupts_a_waiting_transfer():
     """A peer that stops answering (SIGSTOP) leaves a transfer waiting for its deadline
-    (30 s here); Ctrl-C on the main thread ends the wait at once with KeyboardInterrupt."""
+    (30 s here); Ctrl-C on the main thread ends the wait at once with KeyboardInterrupt.
+
+    Ctrl-C is sent once the transfer's bytes sit unread at the stopped peer: the child is then
+    inside the call (which returns only when the bytes are acknowledged), not before it."""
     peer = Peer(this_python(), 1 << 20, seed=1)
     env = {**os.environ, "MC_TRANSFER_TIMEOUT": "30", "MC_LOG_LEVEL": "error"}
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT, peer.session_id, str(peer.buffer)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        ports = listening_ports(peer.proc.pid)
+        assert ports, "the peer listens on no TCP port"
         os.kill(peer.proc.pid, signal.SIGSTOP)
+        assert unread_bytes(ports) == 0, "the peer had unread bytes before the transfer"
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        time.sleep(0.5)
+        wait_until(lambda: unread_bytes(ports) > 0, 20, "the transfer's bytes at the stopped peer")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
         assert out.startswith("interrupted after"), (out, err[-2000:])

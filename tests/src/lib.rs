@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, MutexGuard, Once, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,10 +17,7 @@ pub const CHILD_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The repository root (the workspace that holds this crate).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).to_path_buf()
 }
 
 /// `tests/interop/upstream_peer.py`.
@@ -116,6 +113,11 @@ pub fn shuffled(n: usize, seed: u64) -> Vec<usize> {
 pub use transfer_engine::HostBuffer as Buf;
 
 /// `fill_pattern` into `len` bytes of `buf` at `at` (the buffer lends no `&mut [u8]`).
+/// Panics when the range is outside the buffer: a mistake in the calling test.
+#[allow(
+    clippy::expect_used,
+    reason = "test support: a bad range is a bug in the test"
+)]
 pub fn fill_pattern_at(buf: &Buf, at: u64, len: u64, seed: u64, offset: u64) {
     let mut bytes = vec![0u8; len as usize];
     fill_pattern(&mut bytes, seed, offset);
@@ -126,6 +128,16 @@ pub fn fill_pattern_at(buf: &Buf, at: u64, len: u64, seed: u64, offset: u64) {
 // ---------------------------------------------------------------------------------------
 // Child processes
 // ---------------------------------------------------------------------------------------
+
+/// A handle that the `Command` was told to pipe (`Stdio::piped()`): std hands it over
+/// on spawn, once, and it is taken once, right after.
+#[allow(
+    clippy::expect_used,
+    reason = "infallible: only called on handles configured as Stdio::piped(), just spawned"
+)]
+fn piped<T>(handle: Option<T>) -> T {
+    handle.expect("a piped handle of a freshly spawned child")
+}
 
 /// A child process that is killed (and reaped) when dropped.
 pub struct KillOnDrop(pub Child);
@@ -171,14 +183,18 @@ impl Collected {
                 if n == 0 {
                     break;
                 }
-                c2.0.lock().unwrap().extend_from_slice(&chunk[..n]);
+                c2.bytes().extend_from_slice(&chunk[..n]);
             }
         });
         (c, h)
     }
+    /// The bytes so far; a reader that panicked leaves whole chunks, so they stay usable.
+    fn bytes(&self) -> MutexGuard<'_, Vec<u8>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
     /// All of it, lossily decoded.
     pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        String::from_utf8_lossy(&self.bytes()).into_owned()
     }
     /// Its last `n` lines.
     pub fn tail(&self, n: usize) -> String {
@@ -255,8 +271,8 @@ pub fn run_upstream(args: &[String], limit: Duration) -> Finished {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", upstream_python().display())),
     );
-    let (out, out_h) = Collected::spawn(child.0.stdout.take().unwrap());
-    let (err, err_h) = Collected::spawn(child.0.stderr.take().unwrap());
+    let (out, out_h) = Collected::spawn(piped(child.0.stdout.take()));
+    let (err, err_h) = Collected::spawn(piped(child.0.stderr.take()));
     let status = child.wait_until(started + limit);
     let _ = out_h.join();
     let _ = err_h.join();
@@ -310,8 +326,8 @@ impl UpstreamTarget {
                 .unwrap_or_else(|e| panic!("cannot start {}: {e}", upstream_python().display())),
         );
         let stdin = child.0.stdin.take();
-        let stdout = child.0.stdout.take().unwrap();
-        let (stderr, _) = Collected::spawn(child.0.stderr.take().unwrap());
+        let stdout = piped(child.0.stdout.take());
+        let (stderr, _) = Collected::spawn(piped(child.0.stderr.take()));
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
@@ -343,9 +359,16 @@ impl UpstreamTarget {
             "target failed to start: {v}\n{}",
             t.stderr.tail(40)
         );
-        t.session_id = v["session_id"].as_str().expect("session_id").to_string();
-        t.buffer = v["buffer"].as_u64().expect("buffer");
-        t.size = v["size"].as_u64().expect("size");
+        match (
+            v["session_id"].as_str(),
+            v["buffer"].as_u64(),
+            v["size"].as_u64(),
+        ) {
+            (Some(sid), Some(buffer), Some(got)) => {
+                (t.session_id, t.buffer, t.size) = (sid.to_string(), buffer, got);
+            }
+            _ => panic!("target hello {v} lacks session_id, buffer or size"),
+        }
         assert_eq!(t.size, size);
         t
     }
@@ -374,7 +397,9 @@ impl UpstreamTarget {
 
     /// Sends one command line and returns its one-line answer.
     pub fn command(&mut self, cmd: &str) -> String {
-        let stdin = self.stdin.as_mut().expect("target stdin open");
+        let Some(stdin) = self.stdin.as_mut() else {
+            panic!("cannot send {cmd:?}: the upstream target's stdin is closed (finished)");
+        };
         writeln!(stdin, "{cmd}")
             .and_then(|_| stdin.flush())
             .unwrap_or_else(|e| {
@@ -403,16 +428,17 @@ impl UpstreamTarget {
         let line = self.command("notifies");
         let v: Value = serde_json::from_str(&line)
             .unwrap_or_else(|e| panic!("notifies answered {line:?}: {e}"));
-        v.as_array()
-            .unwrap_or_else(|| panic!("notifies answered {line:?}"))
-            .iter()
-            .map(|n| {
-                (
-                    n["name"].as_str().unwrap().to_string(),
-                    n["msg"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect()
+        let parsed = v.as_array().and_then(|all| {
+            all.iter()
+                .map(|n| {
+                    Some((
+                        n["name"].as_str()?.to_string(),
+                        n["msg"].as_str()?.to_string(),
+                    ))
+                })
+                .collect::<Option<Vec<_>>>()
+        });
+        parsed.unwrap_or_else(|| panic!("notifies answered {line:?}: not a list of {{name, msg}}"))
     }
 
     /// The last lines of its stderr (the engine's log).

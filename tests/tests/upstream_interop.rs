@@ -10,6 +10,13 @@
 //! `E2E_UPSTREAM_LOG=1` prints each upstream target's log (glog) when it stops;
 //! `MC_LOG_LEVEL=debug` raises our engine's log level (default here: warnings).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the test's failure report \
+              (clippy.toml's allow-*-in-tests covers #[test] functions, not their helpers)"
+)]
+
 use std::time::{Duration, Instant};
 
 use e2e::{
@@ -88,6 +95,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
     );
 
     // 1. One read of the whole buffer.
+    // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
     unsafe { e.transfer_sync(&sid, &[Request::new(OpCode::Read, local.addr(), rb, N)]) }
         .unwrap_or_else(|err| {
             panic!(
@@ -116,6 +124,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
         .map(|(j, &(off, len))| Request::new(OpCode::Write, la + off, rb + bl[perm[j]].0, len))
         .collect();
     let t0 = Instant::now();
+    // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
     unsafe { e.transfer_sync(&sid, &reqs) }.unwrap_or_else(|err| {
         panic!(
             "batch write of {} requests failed: {err}\n{}",
@@ -142,6 +151,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
         local_map.push((loff, roff, len));
         loff += len;
     }
+    // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
     unsafe { e.transfer_sync(&sid, &reqs) }
         .unwrap_or_else(|err| panic!("batch read failed: {err}\n{}", t.stderr_tail(30)));
     for &(lo, ro, len) in &local_map {
@@ -155,6 +165,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
 
     // 4. One large write (striped by us) and one large read into a cleared buffer.
     fill_pattern_at(&local, 0, local.len() as u64, single_seed, 0);
+    // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
     unsafe { e.transfer_sync(&sid, &[Request::new(OpCode::Write, la, rb, N)]) }
         .unwrap_or_else(|err| panic!("single write failed: {err}\n{}", t.stderr_tail(30)));
     landed(
@@ -163,6 +174,7 @@ fn write_read_round_trip(config: Config, block: u64, seeds: [u64; 3]) {
         "upstream buffer after the single write",
     );
     local.fill(0);
+    // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
     unsafe { e.transfer_sync(&sid, &[Request::new(OpCode::Read, la, rb, N)]) }
         .unwrap_or_else(|err| panic!("single read failed: {err}\n{}", t.stderr_tail(30)));
     assert_pattern(&local.to_vec(), single_seed, 0, "single read-back");
@@ -225,6 +237,7 @@ fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
     ];
     for (what, r) in rejected {
         let t0 = Instant::now();
+        // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
         let res = unsafe { e.transfer_sync(&sid, &[r]) };
         assert!(
             matches!(
@@ -257,6 +270,7 @@ fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
         Request::new(OpCode::Write, la, rb + size - good / 2, good),
         Request::new(OpCode::Read, la + good, rb, 4096),
     ];
+    // SAFETY: `local` outlives the batch, which is waited for below.
     let batch = unsafe { e.submit(&sid, &reqs) }.expect("submit");
     assert!(
         batch.wait_until(Instant::now() + CHILD_DEADLINE),
@@ -444,9 +458,13 @@ fn upstream_probe_and_notify_reach_our_target() {
         s("--name"),
         s("upstream-peer"),
         s("--msg"),
-        s("kv-ready:7"),
     ];
-    let run = run_upstream(&args, CHILD_DEADLINE);
+    let notify = |msg: &str| {
+        let mut args = args.to_vec();
+        args.push(s(msg));
+        run_upstream(&args, CHILD_DEADLINE)
+    };
+    let run = notify("kv-ready:7");
     eprintln!("upstream notify ({:?}): {}", run.elapsed, run.stdout.trim());
     let v = run.last_json();
     assert!(
@@ -466,20 +484,39 @@ fn upstream_probe_and_notify_reach_our_target() {
     t.assert_guards_intact();
 
     // Upstream sends the notification after the transfer; it may land just after its exit.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let from_upstream = |msg: &str| Notify {
+        name: "upstream-peer".into(),
+        notify_msg: msg.into(),
+    };
+    let got = notifies_until(e, &from_upstream("kv-ready:7"));
+    assert_eq!(
+        got,
+        vec![from_upstream("kv-ready:7")],
+        "notifications we received"
+    );
+    // Exactly one: a second run's notification, sent after the first run exited, arrives
+    // after anything the first run sent, so nothing may come before it.
+    let run = notify("kv-ready:end");
+    assert!(run.status.success(), "second notify run: {}", run.stderr);
+    let got = notifies_until(e, &from_upstream("kv-ready:end"));
+    assert_eq!(
+        got,
+        vec![from_upstream("kv-ready:end")],
+        "exactly one notification per run"
+    );
+}
+
+/// Takes `e`'s notifications until `last` is among them (bounded by `CHILD_DEADLINE`).
+fn notifies_until(e: &TransferEngine, last: &Notify) -> Vec<Notify> {
+    let deadline = Instant::now() + CHILD_DEADLINE;
     let mut got = Vec::new();
-    while got.is_empty() && Instant::now() < deadline {
+    while !got.contains(last) {
+        assert!(
+            Instant::now() < deadline,
+            "no {last:?} within {CHILD_DEADLINE:?}; got {got:?}"
+        );
         got.extend(e.take_notifies());
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_eq!(
-        got,
-        vec![Notify {
-            name: "upstream-peer".into(),
-            notify_msg: "kv-ready:7".into()
-        }],
-        "notifications we received"
-    );
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(e.take_notifies(), vec![], "exactly one notification");
+    got
 }

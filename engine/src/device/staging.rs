@@ -49,7 +49,10 @@ impl Stager {
                 }
                 rt.free_host(b0);
                 rt.free_host(b1);
-                Err(s0.and(s1).unwrap_err())
+                match (s0, s1) {
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                    (Ok(_), Ok(_)) => unreachable!("handled by the first arm"),
+                }
             }
         }
     }

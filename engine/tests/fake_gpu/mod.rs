@@ -42,9 +42,12 @@ pub fn install_fake(vendor: Vendor) {
 /// Calls the fake's test hook `name`, which fills `N` counters.
 fn hook<const N: usize>(name: &[u8]) -> [u64; N] {
     let rt = device::runtime().unwrap();
+    // SAFETY: the fake runtime built by this test; its initialisers have no side effects.
     let lib = unsafe { libloading::Library::new(rt.path()) }.unwrap();
+    // SAFETY: the fake runtime exports this symbol with exactly this signature.
     let f: libloading::Symbol<unsafe extern "C" fn(*mut u64)> = unsafe { lib.get(name) }.unwrap();
     let mut out = [0u64; N];
+    // SAFETY: `out` has room for the counters the function writes.
     unsafe { f(out.as_mut_ptr()) };
     out
 }
@@ -70,6 +73,7 @@ pub fn device_buffer(device: u32, data: &[u8]) -> u64 {
     let rt = device::runtime().unwrap();
     rt.set_device(device).unwrap();
     let p = rt.malloc(data.len()).unwrap();
+    // SAFETY: both ranges are live allocations of at least `len` bytes.
     unsafe { rt.copy(p as *mut u8, data.as_ptr(), data.len()) }.unwrap();
     p
 }
@@ -78,6 +82,7 @@ pub fn device_buffer(device: u32, data: &[u8]) -> u64 {
 pub fn device_bytes(ptr: u64, len: usize) -> Vec<u8> {
     let rt = device::runtime().unwrap();
     let mut out = vec![0u8; len];
+    // SAFETY: both ranges are live allocations of at least `len` bytes.
     unsafe { rt.copy(out.as_mut_ptr(), ptr as *const u8, len) }.unwrap();
     out
 }
@@ -148,6 +153,7 @@ pub fn moves_device_memory_both_ways(vendor: Vendor) {
         remote: dst,
         len: len as u64,
     };
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { initiator.transfer_sync(&seg, &[w]) }.unwrap();
     assert!(
         device_bytes(dst, len) == data,
@@ -160,6 +166,7 @@ pub fn moves_device_memory_both_ways(vendor: Vendor) {
         remote: dst,
         len: len as u64,
     };
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { initiator.transfer_sync(&seg, &[r]) }.unwrap();
     assert!(
         device_bytes(back, len) == data,
@@ -173,6 +180,7 @@ pub fn moves_device_memory_both_ways(vendor: Vendor) {
         remote: dst,
         len: len as u64,
     };
+    // SAFETY: every local buffer of the request is test-owned and outlives the call.
     unsafe { initiator.transfer_sync(&seg, &[r]) }.unwrap();
     assert!(host == data);
     let after = stats();

@@ -1,0 +1,656 @@
+//! The layer rule of `DESIGN.md` ("The engine, inside"), enforced from the engine's own
+//! source: config < topology < memory < wire < metadata < transport < engine. A module may
+//! use lower ones only; `wire` uses nothing else in the crate; `memory` uses no transport.
+//!
+//! Every `crate::...` and `super::...` path of `engine/src/**.rs` (in `use` items and in
+//! code) is resolved to the top-level module it names, root re-exports of `lib.rs`
+//! (`crate::Config`) included, and checked against [`MODULES`]. Comments and string
+//! literals are skipped. A top-level module missing from [`MODULES`] fails the test: add
+//! it there, with a rank and the reason for it.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Every top-level module of the engine (`src/NAME.rs` or `src/NAME/`), keyed by name,
+/// with its rank and why it sits there. A module may use modules of lower rank only.
+/// The layers of `DESIGN.md` are at 10, 20, .. 70; shared modules sit where what they use
+/// and who uses them puts them. To classify a new module, add a line.
+const MODULES: &[(&str, u32, &str)] = &[
+    (
+        "net",
+        5,
+        "shared: socket helpers for metadata and transport; uses nothing of ours",
+    ),
+    (
+        "host_buffer",
+        6,
+        "shared: page-aligned host memory for tests and the benchmark; uses nothing of ours",
+    ),
+    ("config", 10, "layer: typed MC_* configuration"),
+    (
+        "logging",
+        12,
+        "shared: the tracing subscriber; uses config's log level only",
+    ),
+    (
+        "device",
+        15,
+        "shared: GPU runtimes loaded at run time; topology asks them for GPUs, memory for a \
+         location's device, transports copy through them; uses config only",
+    ),
+    ("topology", 20, "layer: HCAs, NUMA, GPU-to-NIC distance"),
+    ("memory", 30, "layer: registered regions"),
+    ("wire", 40, "layer: pure codecs"),
+    (
+        "error",
+        45,
+        "shared: the engine-wide error enums, whose sources are memory's and wire's errors; \
+         used by metadata, transport and engine",
+    ),
+    (
+        "task",
+        47,
+        "shared: batch completion state that transports fill and the engine reads; uses error",
+    ),
+    ("metadata", 50, "layer: finding a peer's descriptor"),
+    (
+        "transport",
+        60,
+        "layer: TCP (and RDMA) behind the Transport trait",
+    ),
+    ("engine", 70, "layer: the public API"),
+    (
+        "bench",
+        80,
+        "shared: the benchmark CLI, a client of the public API (issue 10 moves it out)",
+    ),
+];
+
+/// `wire` is pure: it uses nothing else of the crate, whatever the ranks say.
+const PURE: &str = "wire";
+
+/// Pairs (from, to) that must never occur, whatever the ranks say.
+const FORBIDDEN: &[(&str, &str, &str)] = &[(
+    "memory",
+    "transport",
+    "memory knows no transport (DESIGN.md)",
+)];
+
+/// Paths a module must not name even where the ranks allow: (from, path prefix, why).
+const HIDDEN: &[(&str, [&str; 2], &str)] = &[
+    (
+        "engine",
+        ["transport", "tcp"],
+        "the engine knows the Transport trait, not TCP's types (DESIGN.md)",
+    ),
+    (
+        "engine",
+        ["transport", "rdma"],
+        "the engine knows the Transport trait, not RDMA's types (DESIGN.md)",
+    ),
+];
+
+fn rank(module: &str) -> Option<u32> {
+    MODULES
+        .iter()
+        .find(|(name, _, _)| *name == module)
+        .map(|&(_, r, _)| r)
+}
+
+// ---------------------------------------------------------------------------------------
+// Tokens: identifiers, `::` and single punctuation, with comments, strings and chars gone.
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Ident(String),
+    PathSep,
+    Punct(char),
+}
+
+/// Tokens of `src` with their line numbers (1-based).
+fn tokenize(src: &str) -> Vec<(Tok, usize)> {
+    let c: Vec<char> = src.chars().collect();
+    let (mut i, mut line, mut out) = (0, 1, Vec::new());
+    let at = |j: usize| c.get(j).copied().unwrap_or('\0');
+    while i < c.len() {
+        let ch = c[i];
+        if ch == '\n' {
+            line += 1;
+            i += 1;
+        } else if ch.is_whitespace() {
+            i += 1;
+        } else if ch == '/' && at(i + 1) == '/' {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+        } else if ch == '/' && at(i + 1) == '*' {
+            let mut depth = 0;
+            while i < c.len() {
+                if c[i] == '/' && at(i + 1) == '*' {
+                    depth += 1;
+                    i += 2;
+                } else if c[i] == '*' && at(i + 1) == '/' {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    line += usize::from(c[i] == '\n');
+                    i += 1;
+                }
+            }
+        } else if ch == '"' {
+            i = skip_string(&c, i, false, 0, &mut line);
+        } else if ch == '\'' {
+            // A char literal ('x', '\n', '\'', '\u{..}') or a lifetime ('a, which stays an ident).
+            if at(i + 1) == '\\' {
+                i += 3;
+                while i < c.len() && c[i] != '\'' {
+                    i += 1;
+                }
+                i += 1;
+            } else if at(i + 2) == '\'' {
+                i += 3;
+            } else {
+                i += 1;
+            }
+        } else if ch.is_alphanumeric() || ch == '_' {
+            let start = i;
+            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+            }
+            let word: String = c[start..i].iter().collect();
+            let prefix = matches!(word.as_str(), "r" | "b" | "br" | "c" | "cr");
+            if prefix && (at(i) == '"' || (at(i) == '#' && word.ends_with('r'))) {
+                let mut hashes = 0;
+                while at(i) == '#' {
+                    hashes += 1;
+                    i += 1;
+                }
+                i = skip_string(&c, i, word.ends_with('r'), hashes, &mut line);
+            } else if word == "b" && at(i) == '\'' {
+                i += if at(i + 1) == '\\' { 4 } else { 3 };
+                while i < c.len() && c[i - 1] != '\'' {
+                    i += 1;
+                }
+            } else {
+                out.push((Tok::Ident(word), line));
+            }
+        } else if ch == ':' && at(i + 1) == ':' {
+            out.push((Tok::PathSep, line));
+            i += 2;
+        } else {
+            out.push((Tok::Punct(ch), line));
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Skips the string literal whose opening quote is at `c[i]` (raw: no escapes, closed by
+/// `"` and `hashes` `#`s); returns the index after its end.
+fn skip_string(c: &[char], mut i: usize, raw: bool, hashes: usize, line: &mut usize) -> usize {
+    i += 1;
+    while i < c.len() {
+        match c[i] {
+            '\\' if !raw => i += 2,
+            '"' if (1..=hashes).all(|k| c.get(i + k) == Some(&'#')) => return i + 1 + hashes,
+            ch => {
+                *line += usize::from(ch == '\n');
+                i += 1;
+            }
+        }
+    }
+    i
+}
+
+// ---------------------------------------------------------------------------------------
+// References: which top-level module each path names.
+// ---------------------------------------------------------------------------------------
+
+/// One path of a file that starts at the crate root.
+#[derive(Debug)]
+struct Reference {
+    line: usize,
+    /// Its segments after the crate root (`crate::transport::tcp::Slice` gives
+    /// `["transport", "tcp", "Slice"]`); `*` for a glob.
+    path: Vec<String>,
+}
+
+/// The paths of the use tree (or code path) that starts at `toks[i]`: `X::y`, `{A, B::c}`,
+/// `*`, nested; `as` aliases and generic arguments end a path.
+fn expand(toks: &[(Tok, usize)], i: usize) -> Vec<Vec<String>> {
+    match toks.get(i) {
+        Some((Tok::Ident(name), _)) => {
+            let tails = match toks.get(i + 1) {
+                Some((Tok::PathSep, _)) => expand(toks, i + 2),
+                _ => Vec::new(),
+            };
+            if tails.is_empty() {
+                return vec![vec![name.clone()]];
+            }
+            tails
+                .into_iter()
+                .map(|t| std::iter::once(name.clone()).chain(t).collect())
+                .collect()
+        }
+        Some((Tok::Punct('*'), _)) => vec![vec!["*".to_string()]],
+        Some((Tok::Punct('{'), _)) => {
+            // Each item of the group starts after `{` or after a `,` at this depth.
+            let (mut out, mut depth, mut item_start) = (Vec::new(), 0, true);
+            for j in i + 1..toks.len() {
+                match toks[j].0 {
+                    Tok::Punct('{') => depth += 1,
+                    Tok::Punct('}') if depth == 0 => break,
+                    Tok::Punct('}') => depth -= 1,
+                    Tok::Punct(',') if depth == 0 => {
+                        item_start = true;
+                        continue;
+                    }
+                    _ => {}
+                }
+                if item_start && depth == 0 {
+                    out.extend(expand(toks, j));
+                }
+                item_start = false;
+            }
+            out
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Paths of `src` that start at the crate root, for a file whose module path is `path`
+/// (`["transport", "tcp", "client"]`); inline `mod x { .. }` blocks count as a level.
+fn root_references(src: &str, path: &[String]) -> Vec<Reference> {
+    let toks = tokenize(src);
+    let ident = |j: usize, s: &str| matches!(toks.get(j), Some((Tok::Ident(w), _)) if w == s);
+    let sep = |j: usize| matches!(toks.get(j), Some((Tok::PathSep, _)));
+    let (mut refs, mut depth, mut inline) = (Vec::new(), 0usize, Vec::<usize>::new());
+    for (i, (t, line)) in toks.iter().enumerate() {
+        match t {
+            Tok::Punct('{') => {
+                depth += 1;
+                if i >= 2 && ident(i - 2, "mod") {
+                    inline.push(depth);
+                }
+            }
+            Tok::Punct('}') => {
+                if inline.last() == Some(&depth) {
+                    inline.pop();
+                }
+                depth = depth.saturating_sub(1);
+            }
+            _ => {}
+        }
+        // Only the start of a path: not `a::crate`, not `$crate`.
+        let starts = i == 0 || !(sep(i - 1) || toks[i - 1].0 == Tok::Punct('$'));
+        if !starts {
+            continue;
+        }
+        let after = if ident(i, "crate") && sep(i + 1) {
+            Some(i + 2)
+        } else if ident(i, "super") && sep(i + 1) {
+            let mut j = i;
+            let mut ups = 0;
+            while ident(j, "super") && sep(j + 1) {
+                ups += 1;
+                j += 2;
+            }
+            // Up `ups` levels from path + inline modules: the root only when it climbs them all.
+            (ups == path.len() + inline.len()).then_some(j)
+        } else {
+            None
+        };
+        if let Some(j) = after {
+            refs.extend(
+                expand(&toks, j)
+                    .into_iter()
+                    .map(|path| Reference { line: *line, path }),
+            );
+        }
+    }
+    refs
+}
+
+/// Root re-exports of `lib.rs` (`pub use config::Config;`): exported name -> module.
+fn root_reexports(lib_rs: &str) -> BTreeMap<String, String> {
+    let toks = tokenize(lib_rs);
+    let mut map = BTreeMap::new();
+    let mut i = 0;
+    while i < toks.len() {
+        if toks[i].0 == Tok::Ident("use".into()) {
+            let end = (i..toks.len())
+                .find(|&j| toks[j].0 == Tok::Punct(';'))
+                .unwrap_or(toks.len());
+            // `use crate::x::..` and `use self::x::..` name the module after the prefix.
+            let prefixed =
+                matches!(&toks.get(i + 1), Some((Tok::Ident(w), _)) if w == "crate" || w == "self");
+            let first = if prefixed { i + 3 } else { i + 1 };
+            if let Some((Tok::Ident(module), _)) = toks.get(first) {
+                // The names it binds: each ident that ends a path (before `,`, `}` or `;`),
+                // or the alias after `as`.
+                for j in first + 1..end {
+                    if let Tok::Ident(name) = &toks[j].0 {
+                        let ends =
+                            matches!(toks.get(j + 1), Some((Tok::Punct(',' | '}' | ';'), _)));
+                        if ends && name != "self" {
+                            map.insert(name.clone(), module.clone());
+                        }
+                    }
+                }
+            }
+            i = end;
+        }
+        i += 1;
+    }
+    map
+}
+
+// ---------------------------------------------------------------------------------------
+// The check.
+// ---------------------------------------------------------------------------------------
+
+/// The top-level module and module path of a file under `src/` (`None` for the crate
+/// root and binaries, which are not part of a layer).
+fn module_path(rel: &Path) -> Option<Vec<String>> {
+    let parts: Vec<String> = rel
+        .with_extension("")
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    match parts.first().map(String::as_str) {
+        None | Some("lib" | "main" | "bin") => None,
+        _ if parts.last().map(String::as_str) == Some("mod") => {
+            Some(parts[..parts.len() - 1].to_vec())
+        }
+        _ => Some(parts),
+    }
+}
+
+/// Every breach of the rules among `files` (paths relative to `src/`, with their text).
+fn check(files: &[(PathBuf, String)]) -> Vec<String> {
+    scan(files).0.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Which rule a problem breaks: the layers (ranks, `PURE`, `FORBIDDEN`, classification) or
+/// the transport seam (`HIDDEN`, which issue 10 brings in), checked by separate tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Rule {
+    Layers,
+    Seam,
+}
+
+/// Uses (from, to) between top-level modules.
+type Edges = BTreeSet<(String, String)>;
+
+/// The breaches of the rules among `files`, and every use (from, to) between top-level
+/// modules.
+fn scan(files: &[(PathBuf, String)]) -> (Vec<(Rule, String)>, Edges) {
+    let lib_rs = files
+        .iter()
+        .find(|(p, _)| p == Path::new("lib.rs"))
+        .map_or("", |(_, s)| s.as_str());
+    let reexports = root_reexports(lib_rs);
+    let (mut problems, mut edges, mut unclassified) =
+        (Vec::new(), BTreeSet::new(), BTreeSet::new());
+    for (rel, src) in files {
+        let Some(path) = module_path(rel) else {
+            continue;
+        };
+        let from = path[0].as_str();
+        let Some(from_rank) = rank(from) else {
+            unclassified.insert(from.to_string());
+            continue;
+        };
+        for r in root_references(src, &path) {
+            let at = format!("src/{}:{}", rel.display(), r.line);
+            let name = r.path[0].as_str();
+            let to = if rank(name).is_some() {
+                name.to_string()
+            } else if let Some(m) = reexports.get(name) {
+                m.clone()
+            } else {
+                let p = format!(
+                    "{at}: `crate::{name}` is neither a top-level module nor a re-export of \
+                     lib.rs (a glob of the root hides what is used; name the module)"
+                );
+                problems.push((Rule::Layers, p));
+                continue;
+            };
+            if to == from {
+                continue;
+            }
+            edges.insert((from.to_string(), to.clone()));
+            let Some(to_rank) = rank(&to) else {
+                unclassified.insert(to);
+                continue;
+            };
+            let hidden = HIDDEN
+                .iter()
+                .find(|(f, prefix, _)| *f == from && r.path.len() > 1 && r.path[..2] == prefix[..]);
+            let forbidden = FORBIDDEN
+                .iter()
+                .find(|(f, t, _)| (*f, *t) == (from, to.as_str()));
+            if let Some((_, _, why)) = hidden {
+                let p = format!("{at}: {from} uses crate::{}: {why}", r.path.join("::"));
+                problems.push((Rule::Seam, p));
+            }
+            let layers = if from == PURE {
+                Some(format!(
+                    "{at}: {from} uses {to}: {PURE} uses nothing else of the crate"
+                ))
+            } else if let Some((_, _, why)) = forbidden {
+                Some(format!("{at}: {from} uses {to}: {why}"))
+            } else if to_rank >= from_rank {
+                Some(format!(
+                    "{at}: {from} (rank {from_rank}) uses {to} (rank {to_rank}): \
+                     a module may use lower ranks only"
+                ))
+            } else {
+                None
+            };
+            problems.extend(layers.map(|p| (Rule::Layers, p)));
+        }
+    }
+    for m in unclassified {
+        let p = format!(
+            "module `{m}` is not classified: add it to MODULES in engine/tests/layering.rs \
+             with its rank and the reason"
+        );
+        problems.push((Rule::Layers, p));
+    }
+    problems.sort();
+    (problems, edges)
+}
+
+/// Every `.rs` file under `dir`, relative to `root`, with its text.
+fn sources(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let p = entry
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .path();
+        if p.is_dir() {
+            sources(root, &p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let rel = p.strip_prefix(root).unwrap_or(&p).to_path_buf();
+            out.push((rel, text));
+        }
+    }
+}
+
+fn engine_sources() -> Vec<(PathBuf, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &src, &mut files);
+    files.sort();
+    files
+}
+
+/// The problems of the engine's own source that break `rule`, one per line.
+fn engine_problems(rule: Rule) -> Vec<String> {
+    let files = engine_sources();
+    assert!(files.len() > 10, "found only {} source files", files.len());
+    let (problems, edges) = scan(&files);
+    eprintln!("uses between top-level modules: {edges:?}");
+    // The engine chooses among transports: a scan that misses that use is blind.
+    assert!(
+        edges.contains(&("engine".to_string(), "transport".to_string())),
+        "the scan found no use of transport by engine: {edges:?}"
+    );
+    let mut out: Vec<String> = problems
+        .into_iter()
+        .filter(|(r, _)| *r == rule)
+        .map(|(_, p)| p)
+        .collect();
+    if rule == Rule::Layers {
+        // The table names only modules that exist.
+        let present: BTreeSet<String> = files
+            .iter()
+            .filter_map(|(rel, _)| module_path(rel).map(|p| p[0].clone()))
+            .collect();
+        for (name, _, _) in MODULES {
+            if !present.contains(*name) {
+                out.push(format!(
+                    "MODULES lists `{name}`, which src/ no longer has: remove its line"
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn report(problems: &[String]) -> String {
+    let mut report = String::new();
+    for p in problems {
+        let _ = writeln!(report, "  {p}");
+    }
+    report
+}
+
+#[test]
+fn the_engine_keeps_its_layers() {
+    let problems = engine_problems(Rule::Layers);
+    assert!(
+        problems.is_empty(),
+        "layer rule broken ({}):\n{}",
+        problems.len(),
+        report(&problems)
+    );
+}
+
+/// DESIGN.md: the engine picks a transport through the `Transport` trait and knows none of
+/// a transport's own types (issue 10, part 3). Fails until the engine is rewritten so.
+#[test]
+fn the_engine_knows_no_transport_types() {
+    let problems = engine_problems(Rule::Seam);
+    assert!(
+        problems.is_empty(),
+        "the engine names a transport's types ({}):\n{}",
+        problems.len(),
+        report(&problems)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The checker itself, on synthetic trees: it can fail, and it does not cry wolf.
+// ---------------------------------------------------------------------------------------
+
+fn tree(files: &[(&str, &str)]) -> Vec<(PathBuf, String)> {
+    files
+        .iter()
+        .map(|(p, s)| (PathBuf::from(p), s.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_lower_layer_importing_a_higher_one_is_caught() {
+    let problems = check(&tree(&[
+        ("config.rs", "use crate::engine::TransferEngine;\n"),
+        ("engine.rs", "use crate::config::Config;\n"),
+    ]));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("src/config.rs:1: config (rank 10) uses engine"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn wire_may_use_nothing_and_memory_no_transport() {
+    let problems = check(&tree(&[
+        ("wire/mod.rs", "pub mod tcp;\nuse super::config::Config;\n"),
+        ("wire/tcp.rs", "fn f() { let _ = crate::net::connect(); }\n"),
+        (
+            "memory/raw/io.rs",
+            "use super::super::super::transport::tcp::Lane;\n",
+        ),
+    ]));
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    assert!(problems[0]
+        .contains("src/memory/raw/io.rs:1: memory uses transport: memory knows no transport"));
+    assert!(problems[1].contains("src/wire/mod.rs:2: wire uses config: wire uses nothing else"));
+    assert!(problems[2].contains("src/wire/tcp.rs:1: wire uses net"));
+}
+
+#[test]
+fn groups_reexports_and_code_paths_are_resolved() {
+    let problems = check(&tree(&[
+        (
+            "lib.rs",
+            "pub mod engine;\npub use engine::{Batch, TransferEngine as Te};\n",
+        ),
+        (
+            "topology.rs",
+            "use crate::{config::Config, Te};\nfn f() { crate::transport::pick(); }\n",
+        ),
+    ]));
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].contains("src/topology.rs:1: topology (rank 20) uses engine"));
+    assert!(problems[1].contains("src/topology.rs:2: topology (rank 20) uses transport"));
+}
+
+#[test]
+fn comments_strings_inner_modules_and_upward_uses_pass() {
+    let problems = check(&tree(&[
+        (
+            "memory.rs",
+            "// use crate::engine;\n/* crate::transport /* nested */ */\n\
+             const S: &str = \"crate::engine::X\";\nconst R: &str = r#\"crate::engine\"#;\n\
+             fn f<'a>(x: &'a u8) -> char { 'c' }\n\
+             use crate::device::Vendor;\nmod tests { use super::*; mod deep { use super::super::X; } }\n",
+        ),
+        ("transport/tcp/client.rs", "use super::Slice;\nuse crate::memory::MemoryRegistry;\n"),
+        ("engine.rs", "use crate::transport::{self, Transport};\n"),
+    ]));
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+#[test]
+fn an_unclassified_module_fails_with_what_to_do() {
+    let problems = check(&tree(&[(
+        "rdma_verbs/mod.rs",
+        "use crate::config::Config;\n",
+    )]));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("`rdma_verbs` is not classified: add it to MODULES"));
+}
+
+#[test]
+fn a_glob_of_the_crate_root_is_refused() {
+    let problems = check(&tree(&[("engine.rs", "use crate::*;\n")]));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("`crate::*`"), "{problems:?}");
+}
