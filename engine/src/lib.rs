@@ -35,8 +35,9 @@ pub mod transport;
 pub mod wire;
 
 pub use config::Config;
+pub use engine::error::EngineError;
 pub use engine::{Batch, Notify, Request, TransferEngine, P2P_HANDSHAKE};
-pub use error::{EngineError, TransferError};
+pub use error::TransferError;
 pub use host_buffer::HostBuffer;
 pub use task::TaskStatus;
 pub use wire::tcp::OpCode;

@@ -7,8 +7,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::wire::session::HostPort;
-
 /// Binds a listener on a random free port in `[min, max]` (500 attempts, then
 /// a linear scan), as upstream picks its RPC port.
 pub fn bind_in_range(ip: IpAddr, min: u16, max: u16, backlog: i32) -> io::Result<TcpListener> {
@@ -89,17 +87,18 @@ pub fn read_exact_or_eof(stream: &mut impl Read, buf: &mut [u8]) -> io::Result<b
     Ok(true)
 }
 
-/// Resolves a host:port to socket addresses (IPv4 first unless `MC_USE_IPV6`).
-pub fn resolve(hp: &HostPort, ipv6: bool) -> io::Result<Vec<SocketAddr>> {
-    let host = hp.host.split('%').next().unwrap_or(&hp.host);
-    let mut addrs: Vec<SocketAddr> = (host, hp.port).to_socket_addrs()?.collect();
+/// Resolves `host` (a name or an IP literal, IPv6 possibly with a `%scope`) and `port`
+/// to socket addresses (IPv4 first unless `MC_USE_IPV6`).
+pub fn resolve(host: &str, port: u16, ipv6: bool) -> io::Result<Vec<SocketAddr>> {
+    let name = host.split('%').next().unwrap_or(host);
+    let mut addrs: Vec<SocketAddr> = (name, port).to_socket_addrs()?.collect();
     if !ipv6 && addrs.iter().any(SocketAddr::is_ipv4) {
         addrs.retain(SocketAddr::is_ipv4);
     }
     if addrs.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::NotFound,
-            format!("{:?} resolves to no address", hp.host),
+            format!("{host:?} resolves to no address"),
         ));
     }
     Ok(addrs)

@@ -29,9 +29,19 @@ const MODULES: &[(&str, u32, &str)] = &[
         "shared: socket helpers for metadata and transport; uses nothing of ours",
     ),
     (
-        "host_buffer",
-        6,
-        "shared: page-aligned host memory for tests and the benchmark; uses nothing of ours",
+        "conn_limit",
+        3,
+        "shared: caps on connections per listener and per peer address; uses nothing of ours",
+    ),
+    (
+        "deadline_io",
+        3,
+        "shared: socket reads and writes under one whole-request deadline; uses nothing of ours",
+    ),
+    (
+        "log_throttle",
+        3,
+        "shared: rate-limits the warning a bound logs when it bites; uses nothing of ours",
     ),
     ("config", 10, "layer: typed MC_* configuration"),
     (
@@ -47,12 +57,18 @@ const MODULES: &[(&str, u32, &str)] = &[
     ),
     ("topology", 20, "layer: HCAs, NUMA, GPU-to-NIC distance"),
     ("memory", 30, "layer: registered regions"),
+    (
+        "host_buffer",
+        35,
+        "shared: page-aligned host memory for tests and the benchmark, copied through \
+         memory's MemSpan; used by nothing in the engine",
+    ),
     ("wire", 40, "layer: pure codecs"),
     (
         "error",
         45,
-        "shared: the engine-wide error enums, whose sources are memory's and wire's errors; \
-         used by metadata, transport and engine",
+        "shared: TransferError, why one request failed; filled by transports into batches \
+         (the engine's own EngineError lives in engine/)",
     ),
     (
         "task",
@@ -65,12 +81,12 @@ const MODULES: &[(&str, u32, &str)] = &[
         60,
         "layer: TCP (and RDMA) behind the Transport trait",
     ),
-    ("engine", 70, "layer: the public API"),
     (
-        "bench",
-        80,
-        "shared: the benchmark CLI, a client of the public API (issue 10 moves it out)",
+        "notify_queue",
+        65,
+        "shared: the byte-bounded queue of received notifications; uses wire, used by engine",
     ),
+    ("engine", 70, "layer: the public API"),
 ];
 
 /// `wire` is pure: it uses nothing else of the crate, whatever the ranks say.

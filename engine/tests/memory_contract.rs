@@ -241,8 +241,10 @@ fn serve_stalling(mut s: TcpStream, stalled: mpsc::Sender<()>, resume: mpsc::Rec
         if first {
             first = false;
             let half = vec![PEER_BYTE; (h.size / 2) as usize];
-            s.write_all(&Status::Ok.encode()).unwrap();
-            s.write_all(&half).unwrap();
+            // The client may cut the connection at any time: then there is nothing to do.
+            if s.write_all(&Status::Ok.encode()).is_err() || s.write_all(&half).is_err() {
+                return;
+            }
             owed += h.size - h.size / 2;
             let _ = stalled.send(());
         } else {

@@ -436,7 +436,7 @@ fn connect_by(
 
 /// Resolves a host:port to socket addresses (IPv4 first unless `MC_USE_IPV6`).
 pub fn resolve(hp: &HostPort, ipv6: bool) -> Result<Vec<SocketAddr>, HandshakeError> {
-    crate::net::resolve(hp, ipv6).map_err(|source| HandshakeError::Resolve {
+    crate::net::resolve(&hp.host, hp.port, ipv6).map_err(|source| HandshakeError::Resolve {
         host: hp.host.clone(),
         source,
     })

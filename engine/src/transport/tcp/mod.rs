@@ -96,7 +96,7 @@ impl TcpTransport {
             host,
             port: peer.tcp_data_port,
         };
-        net::resolve(&data, self.config.use_ipv6)
+        net::resolve(&data.host, data.port, self.config.use_ipv6)
             .ok()
             .and_then(|a| a.first().copied())
             .ok_or_else(|| TransportError::Unusable {

@@ -1,6 +1,10 @@
 //! The public API: initialize, register memory, submit batches of reads and
 //! writes to peer segments, wait, notify, probe.
 
+pub mod error;
+mod housekeeping;
+mod location;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +12,7 @@ use std::time::Duration;
 use parking_lot::RwLock;
 
 use crate::config::Config;
-use crate::error::{EngineError, TransferError};
+use crate::error::TransferError;
 use crate::memory::MemoryRegistry;
 use crate::metadata::handshake::{self, HandshakeServer};
 use crate::metadata::{MetadataStore, P2pStore};
@@ -20,6 +24,9 @@ use crate::wire::descriptor::{BufferDesc, NotifyMsg, SegmentDesc, PROBE_REPLY};
 use crate::wire::handshake::MessageType;
 use crate::wire::session::{HostPort, SegmentId};
 use crate::wire::tcp::OpCode;
+use error::EngineError;
+use housekeeping::Housekeeping;
+use location::resolve_location;
 
 /// The connection string of peer-to-peer handshake mode.
 pub const P2P_HANDSHAKE: &str = "P2PHANDSHAKE";
@@ -491,104 +498,6 @@ impl Inner {
         transport.post(id, &desc, slices)?;
         Ok(batch)
     }
-}
-
-/// A thread that closes what went idle (connections to peers that left), once a second.
-struct Housekeeping {
-    stop: Option<crossbeam_channel::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Housekeeping {
-    const PERIOD: Duration = Duration::from_secs(1);
-
-    fn start(inner: std::sync::Weak<Inner>) -> Result<Self, EngineError> {
-        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-        let thread = std::thread::Builder::new()
-            .name("te-housekeeping".into())
-            .spawn(move || {
-                while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(Self::PERIOD)
-                {
-                    let Some(inner) = inner.upgrade() else { return };
-                    for t in &inner.transports {
-                        t.evict_idle();
-                    }
-                }
-            })
-            .map_err(|source| EngineError::Listen {
-                what: "cannot start the housekeeping thread".into(),
-                source,
-            })?;
-        Ok(Self {
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for Housekeeping {
-    fn drop(&mut self) {
-        // Closing the channel wakes the thread at once.
-        self.stop = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn resolve_location(addr: u64, location: &str) -> Result<String, EngineError> {
-    use crate::device::{self, Vendor};
-    if let Some((vendor, dev)) = Vendor::parse_location(location) {
-        let fail = |why: String| {
-            EngineError::Device(format!(
-                "cannot register {location} memory at {addr:#x}: {why}"
-            ))
-        };
-        let rt = device::runtime().map_err(fail)?;
-        if rt.vendor() != vendor {
-            return Err(fail(format!(
-                "the loaded GPU runtime is {} ({})",
-                rt.vendor(),
-                rt.path()
-            )));
-        }
-        return match rt.device_of(addr) {
-            Some(d) if d == dev => Ok(location.to_string()),
-            Some(d) => Err(fail(format!("the pointer is on device {d}"))),
-            None => Err(fail(format!(
-                "{} reports host or unknown memory at this address",
-                rt.path()
-            ))),
-        };
-    }
-    if location == "*" || location.is_empty() {
-        if let Some((vendor, d)) = device::device_of(addr) {
-            return Ok(format!("{}:{d}", vendor.prefix()));
-        }
-        return Ok(format!("cpu:{}", numa_node_of(addr).unwrap_or(0)));
-    }
-    Ok(location.to_string())
-}
-
-/// The NUMA node of the page holding `addr` (move_pages in query mode).
-fn numa_node_of(addr: u64) -> Option<u32> {
-    let page = (addr & !4095) as *mut libc::c_void;
-    let mut pages = [page];
-    let mut status = [-1 as libc::c_int];
-    // SAFETY: query mode (nodes = NULL) only reads where the page lives.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_pages,
-            0,
-            1usize,
-            pages.as_mut_ptr(),
-            std::ptr::null::<libc::c_int>(),
-            status.as_mut_ptr(),
-            0,
-        )
-    };
-    (rc == 0 && status[0] >= 0).then_some(status[0] as u32)
 }
 
 impl std::fmt::Debug for TransferEngine {
