@@ -369,6 +369,39 @@ fn unregister_under_a_dribbling_peer_returns_within_a_second_and_nothing_lands_a
 }
 
 #[test]
+fn dropping_the_engine_under_a_dribbling_peer_lets_go_of_registered_memory() {
+    let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let len = 1 << 20;
+    let buf = HostBuffer::new(len);
+    engine.register_memory(buf.addr(), len as u64, "cpu:0").unwrap();
+    let data: SocketAddr = format!("127.0.0.1:{}", engine.data_port()).parse().unwrap();
+    let header = RequestHeader {
+        size: len as u64,
+        addr: buf.addr(),
+        opcode: OpCode::Write,
+        v2: true,
+    }
+    .encode();
+    let stop = Arc::new(AtomicBool::new(false));
+    let dribbler = raw_peer::dribble(
+        TcpStream::connect(data).unwrap(),
+        header.to_vec(),
+        stop.clone(),
+    );
+    let t0 = Instant::now();
+    while buf.read_at(0, 1).unwrap()[0] != b'x' {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no byte landed");
+        std::thread::yield_now();
+    }
+    let started = Instant::now();
+    drop(engine);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let after = buf.to_vec();
+    dribbler.join().unwrap();
+    assert!(buf.to_vec() == after, "peer bytes landed after the engine was dropped");
+}
+
+#[test]
 fn registering_from_sixteen_threads_is_not_held_up_by_a_stalled_peer() {
     let peer = StallingPeer::start();
     let engine = Arc::new(

@@ -500,6 +500,16 @@ impl Inner {
     }
 }
 
+impl Drop for TransferEngine {
+    fn drop(&mut self) {
+        // Peers may be in the middle of reads and writes of registered memory: cut them and
+        // wait until they let go, so the caller may free that memory once this returns.
+        // (Connections to peers, and with them every access to local buffers, are closed
+        // and joined when the transports drop with `inner`.)
+        self.inner.memory.unregister_all();
+    }
+}
+
 impl std::fmt::Debug for TransferEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TransferEngine")

@@ -255,6 +255,17 @@ impl MemoryRegistry {
         Ok(())
     }
 
+    /// Unregisters every region, as [`unregister`](Self::unregister) does each (the engine
+    /// shutting down).
+    pub fn unregister_all(&self) {
+        let regions: Vec<Arc<Region>> = std::mem::take(&mut *self.regions.write())
+            .into_values()
+            .collect();
+        for r in regions {
+            r.retire();
+        }
+    }
+
     /// The region holding all of `[addr, addr+len)`, if any.
     pub fn find(&self, addr: u64, len: u64) -> Option<Arc<Region>> {
         if len == 0 {
