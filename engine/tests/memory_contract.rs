@@ -373,7 +373,9 @@ fn dropping_the_engine_under_a_dribbling_peer_lets_go_of_registered_memory() {
     let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
     let len = 1 << 20;
     let buf = HostBuffer::new(len);
-    engine.register_memory(buf.addr(), len as u64, "cpu:0").unwrap();
+    engine
+        .register_memory(buf.addr(), len as u64, "cpu:0")
+        .unwrap();
     let data: SocketAddr = format!("127.0.0.1:{}", engine.data_port()).parse().unwrap();
     let header = RequestHeader {
         size: len as u64,
@@ -398,7 +400,10 @@ fn dropping_the_engine_under_a_dribbling_peer_lets_go_of_registered_memory() {
     assert!(started.elapsed() < Duration::from_secs(5));
     let after = buf.to_vec();
     dribbler.join().unwrap();
-    assert!(buf.to_vec() == after, "peer bytes landed after the engine was dropped");
+    assert!(
+        buf.to_vec() == after,
+        "peer bytes landed after the engine was dropped"
+    );
 }
 
 #[test]

@@ -114,7 +114,7 @@ impl Runtime {
     /// Opens the first loadable candidate for `vendor` and resolves every symbol.
     pub fn load(vendor: Vendor, candidates: &[String]) -> Result<Self, LoadError> {
         let (lib, path) = loader::open_first(vendor, candidates)?;
-        let api = resolve(&lib, vendor.prefix()).map_err(|missing| LoadError {
+        let api = resolve(&lib, vendor.prefix()).map_err(|MissingSymbol(missing)| LoadError {
             vendor,
             tried: vec![(
                 path.clone(),
@@ -285,13 +285,16 @@ impl Runtime {
     }
 }
 
-fn resolve(lib: &Library, prefix: &str) -> Result<Api, String> {
-    fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
+/// The name of a runtime function the library does not export.
+struct MissingSymbol(String);
+
+fn resolve(lib: &Library, prefix: &str) -> Result<Api, MissingSymbol> {
+    fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T, MissingSymbol> {
         // SAFETY: each symbol is given the signature the vendor documents.
         unsafe {
             lib.get::<T>(name.as_bytes())
                 .map(|s| *s)
-                .map_err(|_| name.to_string())
+                .map_err(|_| MissingSymbol(name.to_string()))
         }
     }
     let n = |s: &str| format!("{prefix}{s}");
@@ -367,15 +370,28 @@ pub fn load(choice: Choice) -> Result<Runtime, Vec<LoadError>> {
     deviceless.ok_or(errors)
 }
 
-static RUNTIME: OnceLock<Result<Arc<Runtime>, String>> = OnceLock::new();
+/// Why no GPU runtime is available.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RuntimeUnavailable {
+    /// `MC_GPU_RUNTIME` has a value that is not understood.
+    #[error(transparent)]
+    BadChoice(#[from] crate::config::ConfigError),
+    /// `MC_GPU_RUNTIME=none`.
+    #[error("GPU runtimes are disabled (MC_GPU_RUNTIME=none)")]
+    Disabled,
+    /// No candidate library loaded; each says what was tried and why it failed.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join(". "))]
+    NotLoaded(Vec<LoadError>),
+}
+
+static RUNTIME: OnceLock<Result<Arc<Runtime>, RuntimeUnavailable>> = OnceLock::new();
 
 /// The process-wide runtime, loaded on first use per `MC_GPU_RUNTIME`.
 /// The error says which libraries were tried.
-pub fn runtime() -> Result<Arc<Runtime>, String> {
+pub fn runtime() -> Result<Arc<Runtime>, RuntimeUnavailable> {
     RUNTIME
         .get_or_init(|| {
-            let choice = Choice::parse(std::env::var("MC_GPU_RUNTIME").ok().as_deref())
-                .map_err(|e| e.to_string())?;
+            let choice = Choice::parse(std::env::var("MC_GPU_RUNTIME").ok().as_deref())?;
             match load(choice) {
                 Ok(rt) => {
                     tracing::info!(
@@ -386,14 +402,8 @@ pub fn runtime() -> Result<Arc<Runtime>, String> {
                     );
                     Ok(Arc::new(rt))
                 }
-                Err(errors) if errors.is_empty() => {
-                    Err("GPU runtimes are disabled (MC_GPU_RUNTIME=none)".into())
-                }
-                Err(errors) => Err(errors
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(". ")),
+                Err(errors) if errors.is_empty() => Err(RuntimeUnavailable::Disabled),
+                Err(errors) => Err(RuntimeUnavailable::NotLoaded(errors)),
             }
         })
         .clone()

@@ -10,7 +10,7 @@ pub(super) fn resolve_location(addr: u64, location: &str) -> Result<String, Engi
                 "cannot register {location} memory at {addr:#x}: {why}"
             ))
         };
-        let rt = device::runtime().map_err(fail)?;
+        let rt = device::runtime().map_err(|e| fail(e.to_string()))?;
         if rt.vendor() != vendor {
             return Err(fail(format!(
                 "the loaded GPU runtime is {} ({})",
