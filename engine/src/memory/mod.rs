@@ -9,6 +9,9 @@
 //! memory is never accessed after `unregister` returns, and no peer can hold
 //! the call up. No lock is held while it waits.
 
+// Peer input is parsed here: an index out of range must be an error, never a panic.
+#![deny(clippy::indexing_slicing)]
+
 pub mod span;
 
 use std::collections::BTreeMap;
@@ -183,12 +186,10 @@ impl Pin {
 impl Drop for Pin {
     fn drop(&mut self) {
         let mut pins = self.region.pins.lock();
-        if let Some(i) = pins.holders.iter().position(|(k, _, _)| *k == self.key) {
-            pins.holders[i].1 -= 1;
-            if pins.holders[i].1 == 0 {
-                pins.holders.swap_remove(i);
-            }
+        if let Some(holder) = pins.holders.iter_mut().find(|(k, _, _)| *k == self.key) {
+            holder.1 -= 1;
         }
+        pins.holders.retain(|(_, n, _)| *n > 0);
         if pins.holders.is_empty() {
             self.region.unpinned.notify_all();
         }
@@ -294,6 +295,7 @@ impl MemoryRegistry {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, reason = "tests index known-good data")]
 mod tests {
     use super::*;
 

@@ -151,7 +151,7 @@ impl MemSpan {
         while sent < total {
             cut.check()?;
             let n = if sent < head.len() {
-                let rest = &head[sent..];
+                let rest = head.get(sent..).unwrap_or_default();
                 let iov = [
                     libc::iovec {
                         iov_base: rest.as_ptr() as *mut libc::c_void,
@@ -259,6 +259,7 @@ fn retry_or(e: io::Error) -> io::Result<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, reason = "tests index known-good data")]
 mod tests {
     use super::*;
     use std::io::{Read, Write};

@@ -3,6 +3,9 @@
 //! P2P handshake mode asks the peer itself over its handshake port. HTTP and
 //! etcd stores will implement the same [`MetadataStore`] trait.
 
+// Peer input is parsed here: an index out of range must be an error, never a panic.
+#![deny(clippy::indexing_slicing)]
+
 pub mod handshake;
 
 use thiserror::Error;

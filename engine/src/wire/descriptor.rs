@@ -176,6 +176,7 @@ pub fn probe_reply_ok(json: &str) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, reason = "tests index known-good data")]
 mod tests {
     use super::*;
 

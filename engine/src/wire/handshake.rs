@@ -112,7 +112,7 @@ pub fn decode_frame(buf: &[u8], max: u64) -> Result<Frame, WireError> {
             got: buf.len(),
         })?;
     let len = decode_length(prefix, max)?;
-    let body = &buf[LENGTH_PREFIX..];
+    let body = buf.get(LENGTH_PREFIX..).unwrap_or_default();
     if body.len() < len {
         return Err(WireError::Truncated {
             needed: len,
@@ -126,6 +126,7 @@ pub fn decode_frame(buf: &[u8], max: u64) -> Result<Frame, WireError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, reason = "tests index known-good data")]
 mod tests {
     use super::*;
 

@@ -2,6 +2,9 @@
 //! function takes bytes and returns values or a [`WireError`], so the codecs
 //! are unit-testable and fuzzable, and peer input can never cause a panic.
 
+// Peer input is parsed here: an index out of range must be an error, never a panic.
+#![deny(clippy::indexing_slicing)]
+
 pub mod descriptor;
 pub mod handshake;
 pub mod session;
@@ -55,6 +58,7 @@ pub enum WireError {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, reason = "tests index known-good data")]
 mod fuzz {
     //! Arbitrary peer bytes never panic any decoder.
     use proptest::prelude::*;

@@ -120,6 +120,7 @@ pub fn wrap_ipv6(host: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, reason = "tests index known-good data")]
 mod tests {
     use super::*;
 

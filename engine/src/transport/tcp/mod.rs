@@ -4,6 +4,9 @@
 //! serves upstream clients (a connection per request) and ours (persistent,
 //! pipelined connections, several per peer) alike.
 
+// Peer input is parsed here: an index out of range must be an error, never a panic.
+#![deny(clippy::indexing_slicing)]
+
 pub mod client;
 mod cut_reader;
 pub mod server;

@@ -268,7 +268,8 @@ fn discard(stream: &mut impl Read, mut left: u64, scratch: &mut Vec<u8>) -> io::
     scratch.resize(64 << 10, 0);
     while left > 0 {
         let n = left.min(scratch.len() as u64) as usize;
-        let got = stream.read(&mut scratch[..n])?;
+        let chunk = scratch.get_mut(..n).unwrap_or_default();
+        let got = stream.read(chunk)?;
         if got == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
