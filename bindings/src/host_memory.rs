@@ -1,9 +1,12 @@
 //! Host memory for managed buffers: anonymous private mappings, page aligned.
 //!
 //! `MAP_NORESERVE`: a 2 GiB chunk costs address space, not memory, until its pages are
-//! touched. Also the raw copies behind `write_bytes_to_buffer` / `read_bytes_from_buffer`.
+//! touched. Also the raw copies behind `write_bytes_to_buffer` / `read_bytes_from_buffer`,
+//! through the engine's `MemSpan` (no reference is formed over caller memory).
 
 use std::io;
+
+use transfer_engine::memory::MemSpan;
 
 /// Maps `len` bytes of zeroed, readable and writable memory.
 pub fn map(len: u64) -> io::Result<u64> {
@@ -46,9 +49,10 @@ pub unsafe fn unmap(addr: u64, len: u64) {
 /// # Safety
 /// `[dest, dest+src.len())` must be writable host memory not accessed concurrently.
 pub unsafe fn write(dest: u64, src: &[u8]) {
-    // SAFETY: the caller guarantees the destination; `src` is a valid slice and cannot
-    // overlap memory the caller may write.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dest as *mut u8, src.len()) };
+    // SAFETY: the caller guarantees the destination range for the call.
+    let span = unsafe { MemSpan::new(dest, src.len()) };
+    // Cannot fail: the span is exactly `src.len()` bytes.
+    let _ = span.write_from(src);
 }
 
 /// Copies `dest.len()` bytes from the host address `src` into `dest`.
@@ -56,8 +60,10 @@ pub unsafe fn write(dest: u64, src: &[u8]) {
 /// # Safety
 /// `[src, src+dest.len())` must be readable host memory.
 pub unsafe fn read(src: u64, dest: &mut [u8]) {
-    // SAFETY: the caller guarantees the source; `dest` is a valid, exclusive slice.
-    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dest.as_mut_ptr(), dest.len()) };
+    // SAFETY: the caller guarantees the source range for the call.
+    let span = unsafe { MemSpan::new(src, dest.len()) };
+    // Cannot fail: the span is exactly `dest.len()` bytes.
+    let _ = span.read_into(dest);
 }
 
 #[cfg(test)]

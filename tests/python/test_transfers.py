@@ -493,3 +493,77 @@ def test_ctrl_c_interrupts_a_waiting_transfer():
             proc.wait()
         os.kill(peer.proc.pid, signal.SIGCONT)
         peer.stop()
+
+
+INTERRUPTED_READ_SCRIPT = r"""
+import ctypes, sys
+from mooncake.engine import TransferEngine
+sid, remote, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+RW, PRIVATE, ANON, FIXED = 3, 0x02, 0x20, 0x10
+buf = libc.mmap(None, size, RW, PRIVATE | ANON, -1, 0)
+e = TransferEngine()
+assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+assert e.transfer_sync_read(sid, buf, remote, 4096) == 0
+print("ready", flush=True)
+sys.stdin.readline()
+try:
+    rc = e.transfer_sync_read(sid, buf, remote, size)
+    print(f"returned {rc}", flush=True)
+    sys.exit(1)
+except KeyboardInterrupt:
+    pass
+# What a serving process does after a failed call: free the buffer; the allocator hands the
+# same pages out again.
+assert libc.munmap(buf, size) == 0
+assert libc.mmap(buf, size, RW, PRIVATE | ANON | FIXED, -1, 0) == buf
+ctypes.memset(buf, 0x11, size)
+print("freed", flush=True)
+sys.stdin.readline()
+# The peer runs again and answers new work (and whatever it still had queued).
+other = ctypes.create_string_buffer(4096)
+assert e.transfer_sync_read(sid, ctypes.addressof(other), remote, 4096) == 0
+data = ctypes.string_at(buf, size)
+n = data.count(0x11)
+print("clean" if n == size else f"dirty: {size - n} bytes changed", flush=True)
+"""
+
+
+def test_ctrl_c_during_a_read_leaves_freed_memory_alone():
+    """Ctrl-C while a read waits on a stopped peer; the process frees the buffer and maps new
+    memory at the same address; the peer resumes: none of its bytes may land in the new
+    memory (the interrupted call cut the connections that were receiving into it)."""
+    size = 16 << 20
+    peer = Peer(this_python(), size, seed=1)
+    env = {**os.environ, "MC_TRANSFER_TIMEOUT": "30", "MC_LOG_LEVEL": "error"}
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_READ_SCRIPT, peer.session_id, str(peer.buffer),
+                             str(size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    stopped = False
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        ports = listening_ports(peer.proc.pid)
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        stopped = True
+        assert unread_bytes(ports) == 0, "the peer had unread bytes before the transfer"
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        wait_until(lambda: unread_bytes(ports) > 0, 20, "the read's request at the stopped peer")
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == "freed", proc.stderr.read()
+        os.kill(peer.proc.pid, signal.SIGCONT)
+        stopped = False
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+        assert out.strip() == "clean", (out, err[-2000:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if stopped:
+            os.kill(peer.proc.pid, signal.SIGCONT)
+        peer.stop()
