@@ -5,7 +5,8 @@
 #
 #   scripts/bench-ab.sh A_BIN B_BIN [ROUNDS]
 #
-# Environment: DURATION (seconds per run, default 3), HOST (default 127.0.0.1).
+# Environment: DURATION (seconds per run, default 3), HOST (default 127.0.0.1), KEEP (a path
+# to keep the JSON lines at).
 set -euo pipefail
 A="${1:?usage: bench-ab.sh A_BIN B_BIN [ROUNDS]}"
 B="${2:?usage: bench-ab.sh A_BIN B_BIN [ROUNDS]}"
@@ -50,6 +51,7 @@ for spec in "write 4194304 64" "read 4194304 64" "write 65536 64" "read 65536 64
     done
 done
 
+[ -z "${KEEP:-}" ] || cp "$OUT/all.jsonl" "$KEEP"
 python3 - "$OUT/all.jsonl" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
