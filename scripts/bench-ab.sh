@@ -6,7 +6,8 @@
 #   scripts/bench-ab.sh A_BIN B_BIN [ROUNDS]
 #
 # Environment: DURATION (seconds per run, default 3), HOST (default 127.0.0.1), KEEP (a path
-# to keep the JSON lines at).
+# to keep the JSON lines at), CASES (comma-separated "op block batch" triples; default: 4 MiB
+# and 64 KiB batches of 64 and single 4 KiB requests, both ways).
 set -euo pipefail
 A="${1:?usage: bench-ab.sh A_BIN B_BIN [ROUNDS]}"
 B="${2:?usage: bench-ab.sh A_BIN B_BIN [ROUNDS]}"
@@ -43,7 +44,8 @@ run() {  # run WHICH BIN SEG OP BLOCK BATCH
         grep '^{' | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); r['which']='$1'; r['case']='$4-$5x$6'; print(json.dumps(r))"
 }
 
-for spec in "write 4194304 64" "read 4194304 64" "write 65536 64" "read 65536 64" "write 4096 1" "read 4096 1"; do
+IFS=',' read -r -a SPECS <<<"${CASES:-write 4194304 64,read 4194304 64,write 65536 64,read 65536 64,write 4096 1,read 4096 1}"
+for spec in "${SPECS[@]}"; do
     read -r op block batch <<<"$spec"
     for _ in $(seq "$ROUNDS"); do
         run A "$A" "$SEG_A" "$op" "$block" "$batch" | tee -a "$OUT/all.jsonl"

@@ -20,6 +20,9 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::TransferError;
 use crate::memory::Abort;
 
+/// Ids of batches; 0 is never used, so it can mean "none".
+static NEXT_BATCH_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Times a waiter checks for completion (yielding in between) before it sleeps.
 const SPIN_LOOKS: u32 = 64;
 
@@ -44,6 +47,8 @@ struct TaskState {
 #[derive(Debug)]
 pub struct BatchState {
     tasks: Box<[TaskState]>,
+    /// Unique in the process (never reused, unlike the batch's address).
+    id: u64,
     unfinished: AtomicUsize,
     canceled: AtomicBool,
     /// Slices whose memory a transport thread may be touching now.
@@ -69,6 +74,7 @@ impl BatchState {
                     error: OnceLock::new(),
                 })
                 .collect(),
+            id: NEXT_BATCH_ID.fetch_add(1, Ordering::Relaxed),
             unfinished: AtomicUsize::new(unfinished),
             canceled: AtomicBool::new(false),
             entered: AtomicUsize::new(0),
@@ -142,11 +148,17 @@ impl BatchState {
         self.canceled.load(Ordering::SeqCst)
     }
 
+    /// The batch's id, unique in the process (never 0).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Called by a transport thread before it touches the memory of a slice of this batch
     /// carried by `carrier`; false (and nothing may be touched) once the batch is canceled.
-    /// Every `true` must be matched by one [`leave`](Self::leave).
-    pub fn enter(&self, carrier: &Arc<dyn Abort>) -> bool {
-        {
+    /// Every `true` must be matched by one [`leave`](Self::leave). `carrier_known`: the
+    /// carrier already entered this batch before (it is on the list to cut).
+    pub fn enter(&self, carrier: &Arc<dyn Abort>, carrier_known: bool) -> bool {
+        if !carrier_known {
             let mut carriers = self.carriers.lock();
             let known = carriers
                 .iter()
@@ -166,7 +178,9 @@ impl BatchState {
 
     /// The transport thread is done with a slice's memory.
     pub fn leave(&self) {
-        if self.entered.fetch_sub(1, Ordering::SeqCst) == 1 {
+        // Only a drain waits for `entered` to reach 0, and it cancels first: without a
+        // cancel, nobody needs the wake-up (SeqCst pairs with `cancel_and_drain`).
+        if self.entered.fetch_sub(1, Ordering::SeqCst) == 1 && self.is_canceled() {
             let _guard = self.lock.lock();
             self.done.notify_all();
         }
@@ -319,7 +333,7 @@ mod tests {
         let b = BatchState::new(&[1], Duration::from_secs(10));
         let carrier: Arc<dyn Abort> = Arc::new(Counter(AtomicUsize::new(0)));
         b.cancel_and_drain();
-        assert!(!b.enter(&carrier));
+        assert!(!b.enter(&carrier, false));
         b.cancel_and_drain(); // nothing entered: returns at once
     }
 
@@ -328,8 +342,8 @@ mod tests {
         let b = BatchState::new(&[2], Duration::from_secs(10));
         let counter = Arc::new(Counter(AtomicUsize::new(0)));
         let carrier: Arc<dyn Abort> = counter.clone();
-        assert!(b.enter(&carrier));
-        assert!(b.enter(&carrier));
+        assert!(b.enter(&carrier, false));
+        assert!(b.enter(&carrier, true));
         let (tx, rx) = std::sync::mpsc::channel();
         let b2 = b.clone();
         let t = std::thread::spawn(move || {

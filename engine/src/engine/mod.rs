@@ -84,7 +84,8 @@ struct Inner {
 }
 
 struct Segment {
-    desc: RwLock<SegmentDesc>,
+    // An `Arc` so a submit takes the descriptor in one pointer copy.
+    desc: RwLock<Arc<SegmentDesc>>,
 }
 
 impl TransferEngine {
@@ -372,7 +373,7 @@ impl Inner {
         }
         let desc = self.store.fetch(id)?;
         let seg = Arc::new(Segment {
-            desc: RwLock::new(desc),
+            desc: RwLock::new(Arc::new(desc)),
         });
         self.segments
             .write()
@@ -382,7 +383,7 @@ impl Inner {
 
     fn refresh_segment(&self, id: &SegmentId, seg: &Segment) -> Result<(), EngineError> {
         let desc = self.store.fetch(id)?;
-        *seg.desc.write() = desc;
+        *seg.desc.write() = Arc::new(desc);
         Ok(())
     }
 
@@ -494,7 +495,7 @@ impl Inner {
                 off += n;
             }
         }
-        let desc = seg.desc.read().clone();
+        let desc = Arc::clone(&seg.desc.read());
         transport.post(id, &desc, slices)?;
         Ok(batch)
     }

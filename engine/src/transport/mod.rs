@@ -119,9 +119,13 @@ impl Slice {
     /// Takes the slice for I/O on the connection `carrier`: from now until the returned
     /// [`Held`] is finished or released, cutting `carrier` is how others stop the access.
     /// A slice of a canceled batch, or whose local region is being unregistered, is
-    /// finished here instead and `None` returned.
-    pub fn take(self, carrier: &Arc<dyn Abort>) -> Option<Held> {
-        if !self.batch.enter(carrier) {
+    /// finished here instead and `None` returned. `last_batch` is the carrier's memo of
+    /// the last batch it took a slice of (0: none), so that consecutive slices of one
+    /// batch register the carrier with it once.
+    pub fn take(self, carrier: &Arc<dyn Abort>, last_batch: &mut u64) -> Option<Held> {
+        let known = *last_batch == self.batch.id();
+        *last_batch = self.batch.id();
+        if !self.batch.enter(carrier, known) {
             self.finish(Err(TransferError::Canceled(
                 "its batch was canceled (deadline, interrupt or shutdown)",
             )));

@@ -56,7 +56,9 @@ struct LinkShared {
     next_conn: AtomicU64,
     /// Slices queued or in flight.
     busy: AtomicUsize,
-    last_used: Mutex<Instant>,
+    created: Instant,
+    /// Milliseconds after `created` of the last `send`.
+    last_used_ms: AtomicU64,
 }
 
 impl PeerLink {
@@ -74,7 +76,8 @@ impl PeerLink {
             open: Mutex::new(Vec::new()),
             next_conn: AtomicU64::new(0),
             busy: AtomicUsize::new(0),
-            last_used: Mutex::new(Instant::now()),
+            created: Instant::now(),
+            last_used_ms: AtomicU64::new(0),
         });
         let mut threads = Vec::new();
         for i in 0..cfg.tcp_lanes_per_peer {
@@ -106,7 +109,8 @@ impl PeerLink {
     /// Queues a slice; it completes (or fails) on its batch.
     pub fn send(&self, slice: Slice) {
         self.shared.busy.fetch_add(1, Ordering::AcqRel);
-        *self.shared.last_used.lock() = Instant::now();
+        let now_ms = self.shared.created.elapsed().as_millis() as u64;
+        self.shared.last_used_ms.store(now_ms, Ordering::Relaxed);
         if let Err(e) = self.shared.tx.send(LaneMsg::Work(slice)) {
             if let LaneMsg::Work(s) = e.into_inner() {
                 self.shared.fail(
@@ -127,7 +131,9 @@ impl PeerLink {
         if self.shared.busy.load(Ordering::Acquire) > 0 {
             return false;
         }
-        self.shared.last_used.lock().elapsed() >= idle || self.shared.dead.lock().is_some()
+        let idle_ms = (self.shared.created.elapsed().as_millis() as u64)
+            .saturating_sub(self.shared.last_used_ms.load(Ordering::Relaxed));
+        idle_ms >= idle.as_millis() as u64 || self.shared.dead.lock().is_some()
     }
 }
 
@@ -241,7 +247,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
             }
         }
         let Some(c) = conn.as_mut() else { continue };
-        match slice.take(&c.holder) {
+        match slice.take(&c.holder, &mut c.last_batch) {
             Some(held) => c.send(held, &shared),
             // Finished by `take` (canceled batch or unregistered buffer).
             None => {
@@ -257,6 +263,8 @@ struct Conn {
     stream: TcpStream,
     cut: Arc<SocketCut>,
     holder: Arc<dyn Abort>,
+    /// The batch this connection last took a slice of (see `Slice::take`).
+    last_batch: u64,
     inflight: Option<Sender<Held>>,
     broken: Arc<AtomicBool>,
     receiver: Option<JoinHandle<()>>,
@@ -290,6 +298,7 @@ impl Conn {
             shared: shared.clone(),
             stream,
             holder: cut.clone(),
+            last_batch: 0,
             cut,
             inflight: Some(tx),
             broken,

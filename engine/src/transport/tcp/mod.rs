@@ -89,14 +89,16 @@ impl TcpTransport {
         peer: &SegmentDesc,
     ) -> Result<SocketAddr, TransportError> {
         // Newer upstreams say where their data port listens; a wildcard says nothing.
-        let host = match peer.tcp_data_host.as_deref() {
-            Some(h) if !h.is_empty() && h != "0.0.0.0" && h != "::" => {
-                h.trim_matches(['[', ']']).to_string()
-            }
-            _ => segment.rpc().host.clone(),
+        let host: &str = match peer.tcp_data_host.as_deref() {
+            Some(h) if !h.is_empty() && h != "0.0.0.0" && h != "::" => h.trim_matches(['[', ']']),
+            _ => &segment.rpc().host,
         };
+        // Session ids are IP literals in practice: no resolver call (nor allocation) for them.
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return Ok(SocketAddr::new(ip, peer.tcp_data_port));
+        }
         let data = HostPort {
-            host,
+            host: host.to_string(),
             port: peer.tcp_data_port,
         };
         net::resolve(&data.host, data.port, self.config.use_ipv6)
