@@ -14,11 +14,23 @@ COMMANDS:
                                 compare this host with the baseline pinned in release.toml
     verify <dir-or-tag>         re-hash the artifacts of a release directory (or of
                                 target/dist/<tag>) against its sha256.sum and manifest
-    release <tag> [--dry-run] [--strict-baseline] [--skip-images]
-                                verify source and baseline, build, audit, checksum, publish to
-                                GitHub Releases and PyPI, build and push the images, write
-                                RELEASES.md. --dry-run stops before publishing and works
-                                offline; --skip-images leaves the images to `images <tag>`.
+    release <tag> [--dry-run] [--strict-baseline] [--skip-images] [--allow-older]
+                                verify source and baseline, build, audit, checksum, publish
+                                (GitHub draft, PyPI, GitHub out of draft), build and push the
+                                images, write RELEASES.md. --dry-run stops before publishing and
+                                works offline; --skip-images leaves the images to `images <tag>`;
+                                --allow-older publishes a version below the index's newest.
+    publish github <dir-or-tag> [--allow-older]
+                                step 1 of publishing a release directory (or target/dist/<tag>):
+                                the index preflight, then the draft GitHub release, its assets
+                                uploaded and verified by digest
+    publish pypi <dir-or-tag> [--check-only] [--allow-older]
+                                step 2: the wheel and sdist on the index (identical: skipped,
+                                other bytes: stop). --check-only: the preflight alone (what the
+                                index holds, what would be uploaded); upload nothing
+    publish undraft <dir-or-tag>
+                                step 3: once the index holds the same files and the assets are
+                                ours by digest, the GitHub release out of draft
     images <tag> [--force] [--builder podman|buildah|docker-buildx]
                                 build the serving images of release.toml [images] from the
                                 release directory target/dist/<tag>, push them by digest,
@@ -41,6 +53,7 @@ pub enum Xtask {
     CheckBaseline(CheckBaseline),
     Verify(Verify),
     Release(Release),
+    Publish(Publish),
     Images(Images),
     PinBase(PinBase),
 }
@@ -66,6 +79,25 @@ pub struct Release {
     pub dry_run: bool,
     pub strict_baseline: bool,
     pub skip_images: bool,
+    /// Publish a version that sorts below the newest release on the index.
+    pub allow_older: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct Publish {
+    pub step: PublishStep,
+    pub dir_or_tag: String,
+    /// `pypi` only: compare with the index, upload nothing.
+    pub check_only: bool,
+    /// `github`, `pypi`: publish a version that sorts below the newest release on the index.
+    pub allow_older: bool,
+}
+
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum PublishStep {
+    Github,
+    Pypi,
+    Undraft,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -109,11 +141,37 @@ impl Xtask {
                 let dry_run = args.flag("--dry-run");
                 let strict_baseline = args.flag("--strict-baseline");
                 let skip_images = args.flag("--skip-images");
+                let allow_older = args.flag("--allow-older");
                 Xtask::Release(Release {
                     tag: args.required("<tag>")?,
                     dry_run,
                     strict_baseline,
                     skip_images,
+                    allow_older,
+                })
+            }
+            "publish" => {
+                let check_only = args.flag("--check-only");
+                let allow_older = args.flag("--allow-older");
+                let step = match args.required("<step>")?.as_str() {
+                    "github" => PublishStep::Github,
+                    "pypi" => PublishStep::Pypi,
+                    "undraft" => PublishStep::Undraft,
+                    other => {
+                        bail!("unknown publish step `{other}`: github, pypi or undraft\n\n{HELP}")
+                    }
+                };
+                if check_only && step != PublishStep::Pypi {
+                    bail!("--check-only belongs to `publish pypi`\n\n{HELP}");
+                }
+                if allow_older && step == PublishStep::Undraft {
+                    bail!("--allow-older belongs to `publish github` and `publish pypi`\n\n{HELP}");
+                }
+                Xtask::Publish(Publish {
+                    step,
+                    dir_or_tag: args.required("<dir-or-tag>")?,
+                    check_only,
+                    allow_older,
                 })
             }
             "images" => {
@@ -211,7 +269,8 @@ mod tests {
                 tag: "v0.1.0".into(),
                 dry_run: true,
                 strict_baseline: false,
-                skip_images: false
+                skip_images: false,
+                allow_older: false
             })
         );
         assert_eq!(
@@ -220,16 +279,18 @@ mod tests {
                 tag: "v0.1.0".into(),
                 dry_run: false,
                 strict_baseline: true,
-                skip_images: false
+                skip_images: false,
+                allow_older: false
             })
         );
         assert_eq!(
-            parse("release v0.1.0 --skip-images").unwrap(),
+            parse("release v0.1.0 --skip-images --allow-older").unwrap(),
             Xtask::Release(Release {
                 tag: "v0.1.0".into(),
                 dry_run: false,
                 strict_baseline: false,
-                skip_images: true
+                skip_images: true,
+                allow_older: true
             })
         );
         assert_eq!(
@@ -260,6 +321,33 @@ mod tests {
             Xtask::PinBase(PinBase {
                 images: vec!["vllm-musa".into(), "sglang-musa".into()],
                 builder_image: true
+            })
+        );
+        assert_eq!(
+            parse("publish github target/dist/v0.1.0").unwrap(),
+            Xtask::Publish(Publish {
+                step: PublishStep::Github,
+                dir_or_tag: "target/dist/v0.1.0".into(),
+                check_only: false,
+                allow_older: false
+            })
+        );
+        assert_eq!(
+            parse("publish pypi --check-only v0.1.0 --allow-older").unwrap(),
+            Xtask::Publish(Publish {
+                step: PublishStep::Pypi,
+                dir_or_tag: "v0.1.0".into(),
+                check_only: true,
+                allow_older: true
+            })
+        );
+        assert_eq!(
+            parse("publish undraft v0.1.0").unwrap(),
+            Xtask::Publish(Publish {
+                step: PublishStep::Undraft,
+                dir_or_tag: "v0.1.0".into(),
+                check_only: false,
+                allow_older: false
             })
         );
         assert_eq!(
@@ -299,6 +387,26 @@ mod tests {
             .contains("--builder needs a value"));
         assert!(parse("images").unwrap_err().to_string().contains("<tag>"));
         assert!(parse("publish")
+            .unwrap_err()
+            .to_string()
+            .contains("missing argument <step>"));
+        assert!(parse("publish gitlab d")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown publish step `gitlab`"));
+        assert!(parse("publish github d --check-only")
+            .unwrap_err()
+            .to_string()
+            .contains("--check-only belongs to `publish pypi`"));
+        assert!(parse("publish undraft d --allow-older")
+            .unwrap_err()
+            .to_string()
+            .contains("--allow-older belongs to"));
+        assert!(parse("publish undraft")
+            .unwrap_err()
+            .to_string()
+            .contains("<dir-or-tag>"));
+        assert!(parse("shipit")
             .unwrap_err()
             .to_string()
             .contains("unknown command"));

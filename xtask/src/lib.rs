@@ -1,8 +1,9 @@
 //! The release orchestrator behind `cargo xtask`. See `xtask/README.md` for the map.
 //!
 //! `main.rs` parses [`flags`] and calls `run` on the chosen command; each command lives in its
-//! own module (`plan`, `check_baseline`, `verify`, `release`, `images`, `pin_base`), the
-//! phases of a release in `release/`, the image builders and registry in `images/`.
+//! own module (`plan`, `check_baseline`, `verify`, `release`, `publish`, `images`,
+//! `pin_base`), the phases of a release in `release/`, the image builders and registry in
+//! `images/`.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,7 @@ pub mod images;
 pub mod phase;
 pub mod pin_base;
 pub mod plan;
+pub mod publish;
 pub mod release;
 pub mod verify;
 pub mod version;

@@ -31,6 +31,7 @@ fn try_main() -> anyhow::Result<()> {
         flags::Xtask::CheckBaseline(cmd) => cmd.run(&sh),
         flags::Xtask::Verify(cmd) => cmd.run(&sh),
         flags::Xtask::Release(cmd) => cmd.run(&sh),
+        flags::Xtask::Publish(cmd) => cmd.run(&sh),
         flags::Xtask::Images(cmd) => cmd.run(&sh),
         flags::Xtask::PinBase(cmd) => cmd.run(&sh),
     }

@@ -2,7 +2,8 @@
 //! safe to re-run; publishing compares what exists with what it would upload.
 //!
 //! verify source -> verify baseline -> [check images] -> build -> audit -> checksums ->
-//! publish GitHub -> publish PyPI -> images -> ledger. `--dry-run` stops before publishing and
+//! GitHub draft -> publish PyPI -> GitHub undraft -> images -> ledger (the publishing steps are
+//! `release/publish.rs`, shared with `cargo xtask publish`). `--dry-run` stops before publishing and
 //! needs no network. Unless `--skip-images`, a publishing run checks the images' pre-conditions
 //! (bases pinned, a builder, skopeo) before it builds anything.
 
@@ -24,6 +25,7 @@ pub mod build;
 pub mod checksums;
 pub mod github;
 pub mod ledger;
+pub mod publish;
 pub mod pypi;
 pub mod verify;
 
@@ -100,7 +102,13 @@ fn run_phases(
     })?;
 
     if cmd.dry_run {
-        for name in ["publish GitHub", "publish PyPI", "images", "ledger"] {
+        for name in [
+            "GitHub draft",
+            "publish PyPI",
+            "GitHub undraft",
+            "images",
+            "ledger",
+        ] {
             phases.skip(name, "--dry-run");
         }
         eprintln!("\nDry run: the release would publish these files:");
@@ -114,16 +122,20 @@ fn run_phases(
         return Ok(());
     }
 
-    let github = phases.run("publish GitHub", || {
-        let r = github::publish(ws, &source, &dist, &manifest)?;
+    phases.run("GitHub draft", || {
+        let r = publish::github(ws, &dist, &manifest, cmd.allow_older)?;
         let outcome = r.summary();
         Ok((r, outcome))
     })?;
-    let pypi = phases.run("publish PyPI", || {
-        let venv = build::tools_venv(sh, ws)?;
-        let r = pypi::publish(sh, ws, &dist, &manifest, &venv)?;
+    phases.run("publish PyPI", || {
+        let r = publish::pypi(sh, ws, &dist, &manifest, cmd.allow_older)?;
         let outcome = r.summary();
         Ok((r, outcome))
+    })?;
+    let places = phases.run("GitHub undraft", || {
+        let places = publish::undraft(ws, &dist, &manifest)?;
+        let outcome = format!("{} is public", places[0].url);
+        Ok((places, outcome))
     })?;
     let pushed = if let Some(plan) = &image_plan {
         phases.run("images", || {
@@ -143,7 +155,6 @@ fn run_phases(
         BTreeMap::new()
     };
     phases.run("ledger", || {
-        let places = [github.place(), pypi.place()];
         let outcome = images::record(ws, &source, &dist, &mut manifest, pushed, Some(&places))?;
         Ok(((), outcome))
     })?;
