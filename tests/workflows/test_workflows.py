@@ -168,7 +168,8 @@ def test_job_order(release):
     # The order of xtask/README.md: GitHub draft -> PyPI -> GitHub undraft -> images.
     assert needs("build") == {"plan"}
     assert "build" in needs("verify")
-    assert "verify" in needs("github-draft")
+    assert "verify" in needs("attest")
+    assert {"verify", "attest"} <= needs("github-draft")
     assert "github-draft" in needs("publish-pypi")
     assert "publish-pypi" in needs("github-undraft")
     assert "github-undraft" in needs("images")
@@ -187,7 +188,8 @@ def test_least_privilege(path: Path):
         if level == "write"
     }
     expected = {("publish-pypi", "id-token"), ("github-draft", "contents"),
-                ("github-undraft", "contents")}
+                ("github-undraft", "contents"), ("attest", "id-token"),
+                ("attest", "attestations")}
     assert writes == (expected if path == RELEASE else set())
 
 
@@ -239,6 +241,20 @@ def test_no_publish_logic_in_shell(release):
             assert "curl" not in run, f"{name}: {step.get('name')}"
 
 
+def test_every_published_file_is_attested_before_publishing(release):
+    job = jobs(release)["attest"]
+    assert job["permissions"] == {"id-token": "write", "attestations": "write"}
+    steps = job["steps"]
+    attest = [i for i, s in enumerate(steps) if "attest-build-provenance" in s.get("uses", "")]
+    assert len(attest) == 1
+    # The release directory as verified: wheel, sdist, sha256.sum and the manifest.
+    assert steps[attest[0]]["with"] == {"subject-path": "dist/*"}
+    download = next(s for s in steps if "download-artifact" in s.get("uses", ""))
+    assert download["with"]["path"] == "dist"
+    checked = "\n".join(s.get("run", "") for s in steps[: attest[0]])
+    assert "sha256sum -c --strict sha256.sum" in checked
+
+
 def test_build_runs_in_the_builder_image_from_release_toml(release):
     build = jobs(release)["build"]
     assert build["container"]["image"] == "${{ needs.plan.outputs.builder_image }}"
@@ -250,7 +266,7 @@ def test_build_runs_in_the_builder_image_from_release_toml(release):
 def test_artifacts_travel_by_upload_and_download_and_are_verified(release):
     j = jobs(release)
     assert any("upload-artifact" in s.get("uses", "") for s in j["build"]["steps"])
-    for name in ("verify", "github-draft", "publish-pypi", "github-undraft", "images"):
+    for name in ("verify", "attest", "github-draft", "publish-pypi", "github-undraft", "images"):
         steps = j[name]["steps"]
         assert any("download-artifact" in s.get("uses", "") for s in steps), name
         runs = "\n".join(s.get("run", "") for s in steps)

@@ -14,6 +14,10 @@ COMMANDS:
                                 compare this host with the baseline pinned in release.toml
     verify <dir-or-tag>         re-hash the artifacts of a release directory (or of
                                 target/dist/<tag>) against its sha256.sum and manifest
+    verify <tag> --published    download the tag's files from the GitHub Release and the index
+                                and say, per file and place, whether they are identical to
+                                RELEASES.md, different or missing (GITHUB_API_URL, GITHUB_TOKEN
+                                for a private repository, PYPI_INDEX_URL)
     release <tag> [--dry-run] [--strict-baseline] [--skip-images] [--allow-older]
                                 verify source and baseline, build, audit, checksum, publish
                                 (GitHub draft, PyPI, GitHub out of draft), build and push the
@@ -71,6 +75,8 @@ pub struct CheckBaseline {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Verify {
     pub dir_or_tag: String,
+    /// Compare what GitHub and the index serve with RELEASES.md.
+    pub published: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -134,9 +140,13 @@ impl Xtask {
             "check-baseline" => Xtask::CheckBaseline(CheckBaseline {
                 strict_baseline: args.flag("--strict-baseline"),
             }),
-            "verify" => Xtask::Verify(Verify {
-                dir_or_tag: args.required("<dir-or-tag>")?,
-            }),
+            "verify" => {
+                let published = args.flag("--published");
+                Xtask::Verify(Verify {
+                    dir_or_tag: args.required("<dir-or-tag>")?,
+                    published,
+                })
+            }
             "release" => {
                 let dry_run = args.flag("--dry-run");
                 let strict_baseline = args.flag("--strict-baseline");
@@ -359,7 +369,15 @@ mod tests {
         assert_eq!(
             parse("verify target/dist/v0.1.0").unwrap(),
             Xtask::Verify(Verify {
-                dir_or_tag: "target/dist/v0.1.0".into()
+                dir_or_tag: "target/dist/v0.1.0".into(),
+                published: false
+            })
+        );
+        assert_eq!(
+            parse("verify --published v0.1.0").unwrap(),
+            Xtask::Verify(Verify {
+                dir_or_tag: "v0.1.0".into(),
+                published: true
             })
         );
         assert_eq!(

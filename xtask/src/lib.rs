@@ -5,6 +5,13 @@
 //! `pin_base`), the phases of a release in `release/`, the image builders and registry in
 //! `images/`.
 
+// The lints the workspace is adopting: a failure is an error that says what to do, not a panic.
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::undocumented_unsafe_blocks
+)]
+
 use std::path::{Path, PathBuf};
 
 pub mod check_baseline;
@@ -26,11 +33,11 @@ pub use config::ReleaseConfig;
 pub fn project_root() -> PathBuf {
     match env::var(env::XTASK_ROOT) {
         Some(root) => PathBuf::from(root),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .nth(1)
-            .unwrap()
-            .to_path_buf(),
+        None => {
+            // xtask/ sits in the workspace root.
+            let xtask_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+            xtask_dir.parent().unwrap_or(xtask_dir).to_path_buf()
+        }
     }
 }
 

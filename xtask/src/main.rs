@@ -1,5 +1,12 @@
 //! `cargo xtask`: parse the command line once, go to the workspace root, dispatch.
 
+// The lints the workspace is adopting: a failure is an error that says what to do, not a panic.
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::undocumented_unsafe_blocks
+)]
+
 use std::process::ExitCode;
 
 use xtask::flags;

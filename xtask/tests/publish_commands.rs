@@ -16,7 +16,7 @@ use std::process::Command;
 use support::devpi::{devpi_venv, standin_artifacts, start_devpi};
 use support::github_standin::{GitHubStandin, TagTarget};
 use xtask::release::checksums::{self, Manifest, ManifestArtifact, ManifestRelease, SUMS};
-use xtask::release::pypi::{publish_files, read_upload, runtime};
+use xtask::release::pypi::read_upload;
 
 const TAG: &str = "v0.1.0";
 const COMMIT: &str = "1111111111111111111111111111111111111111";
@@ -38,15 +38,7 @@ fn workflow_line(step: &str) -> String {
 /// A workspace whose release.toml names the stand-ins' project and repository, and whose
 /// `target/dist/<tag>` holds a release directory as `cargo xtask release` writes it.
 fn workspace(root: &Path, variant: &str) -> PathBuf {
-    let toml = support::RELEASE_TOML
-        .replace(
-            "distribution = \"mooncake-transfer-engine-musa\"",
-            "distribution = \"standin-dist\"",
-        )
-        .replace(
-            "repository = \"mooncake-musa/transfer-engine-rs\"",
-            "repository = \"o/r\"",
-        );
+    let toml = support::standin_release_toml();
     std::fs::write(root.join("release.toml"), toml).unwrap();
     let dist = root.join("target/dist").join(TAG);
     let uploads = standin_artifacts(&dist, variant);
@@ -193,15 +185,7 @@ fn the_workflow_publishes_in_order_and_a_rerun_changes_nothing() {
     .iter()
     .map(|n| read_upload(&sh, &devpi_venv(), &dist.join(n)).unwrap())
     .collect();
-    runtime()
-        .unwrap()
-        .block_on(publish_files(
-            &index,
-            &devpi.credentials(),
-            "standin-dist",
-            &uploads,
-        ))
-        .unwrap();
+    devpi.upload_standin(&index, &uploads);
     let s = run_line(&root, &undraft, &env);
     assert!(s.ok, "{}", s.out);
     assert!(!gh.release(TAG).unwrap().draft);
@@ -235,7 +219,9 @@ fn the_workflow_publishes_in_order_and_a_rerun_changes_nothing() {
     for line in [&draft, &check, &undraft] {
         let s = run_line(&root, line, &env);
         assert!(
-            !s.ok && s.out.contains("already holds other bytes under our file names"),
+            !s.ok
+                && s.out
+                    .contains("already holds other bytes under our file names"),
             "{line}: {}",
             s.out
         );

@@ -201,62 +201,11 @@ fn installed_shared_objects(files: &[String], site: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The `DT_NEEDED` entries of a 64-bit little-endian ELF file, read through its section headers.
+/// The `DT_NEEDED` entries of an ELF file (read with goblin).
 pub fn elf_needed(b: &[u8]) -> anyhow::Result<Vec<String>> {
-    let u16_at = |o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]));
-    let u32_at = |o: usize| {
-        b.get(o..o + 4)
-            .map(|s| u32::from_le_bytes(s.try_into().unwrap()))
-    };
-    let u64_at = |o: usize| {
-        b.get(o..o + 8)
-            .map(|s| u64::from_le_bytes(s.try_into().unwrap()))
-    };
-    let short = || format_err!("truncated ELF");
-    if b.get(..4) != Some(b"\x7fELF") || b.get(4) != Some(&2) || b.get(5) != Some(&1) {
-        bail!("not a 64-bit little-endian ELF file");
-    }
-    let shoff = u64_at(0x28).ok_or_else(short)? as usize;
-    let shentsize = u16_at(0x3a).ok_or_else(short)? as usize;
-    let shnum = u16_at(0x3c).ok_or_else(short)? as usize;
-    let section = |i: usize| -> Option<(u32, usize, usize, usize)> {
-        let o = shoff.checked_add(i.checked_mul(shentsize)?)?;
-        // (sh_type, sh_offset, sh_size, sh_link)
-        Some((
-            u32_at(o + 4)?,
-            u64_at(o + 0x18)? as usize,
-            u64_at(o + 0x20)? as usize,
-            u32_at(o + 0x28)? as usize,
-        ))
-    };
-    const SHT_DYNAMIC: u32 = 6;
-    const DT_NEEDED: u64 = 1;
-    let mut needed = Vec::new();
-    for i in 0..shnum {
-        let (ty, off, size, link) = section(i).ok_or_else(short)?;
-        if ty != SHT_DYNAMIC {
-            continue;
-        }
-        let (_, str_off, str_size, _) = section(link).ok_or_else(short)?;
-        let strtab = b
-            .get(str_off..str_off.checked_add(str_size).ok_or_else(short)?)
-            .ok_or_else(short)?;
-        for e in (off..off + size).step_by(16) {
-            let (tag, val) = (
-                u64_at(e).ok_or_else(short)?,
-                u64_at(e + 8).ok_or_else(short)? as usize,
-            );
-            if tag == 0 {
-                break;
-            }
-            if tag == DT_NEEDED {
-                let s = strtab.get(val..).ok_or_else(short)?;
-                let end = s.iter().position(|&c| c == 0).ok_or_else(short)?;
-                needed.push(String::from_utf8_lossy(&s[..end]).into_owned());
-            }
-        }
-    }
-    Ok(needed)
+    let elf =
+        goblin::elf::Elf::parse(b).map_err(|e| format_err!("not a readable ELF file: {e}"))?;
+    Ok(elf.libraries.iter().map(|l| (*l).to_owned()).collect())
 }
 
 #[cfg(test)]

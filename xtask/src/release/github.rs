@@ -15,11 +15,13 @@
 //!
 //! Every call is retried with backoff on 5xx, 429 and rate limits, and on transport errors.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, format_err, Context};
+use http_body_util::BodyExt;
 use octocrab::models::repos::{Asset, Object, Release};
 use octocrab::params::repos::Reference;
 use octocrab::Octocrab;
@@ -100,7 +102,7 @@ pub fn draft_files(
     commit: &str,
     files: &[impl AsRef<Path>],
 ) -> anyhow::Result<Published> {
-    let (rt, publisher) = Publisher::connect(target, token)?;
+    let (rt, publisher) = Publisher::connect(target, Some(token))?;
     rt.block_on(publisher.draft(tag, commit, files))
 }
 
@@ -111,8 +113,19 @@ pub fn undraft_files(
     tag: &str,
     files: &[impl AsRef<Path>],
 ) -> anyhow::Result<Place> {
-    let (rt, publisher) = Publisher::connect(target, token)?;
+    let (rt, publisher) = Publisher::connect(target, Some(token))?;
     rt.block_on(publisher.undraft(tag, files))
+}
+
+/// Downloads every uploaded asset of the release of `tag` from its public download URL, with a
+/// progress line a file (`token`: for a private repository). No release: nothing.
+pub fn download_assets(
+    target: &Target,
+    token: Option<&str>,
+    tag: &str,
+) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+    let (rt, publisher) = Publisher::connect(target, token)?;
+    rt.block_on(publisher.download(tag))
 }
 
 struct Publisher<'a> {
@@ -127,15 +140,21 @@ enum AssetOutcome {
 }
 
 impl<'a> Publisher<'a> {
-    fn connect(target: &'a Target, token: &str) -> anyhow::Result<(tokio::runtime::Runtime, Self)> {
+    fn connect(
+        target: &'a Target,
+        token: Option<&str>,
+    ) -> anyhow::Result<(tokio::runtime::Runtime, Self)> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         // octocrab's client needs the runtime entered while it is built.
         let crab = {
             let _entered = rt.enter();
-            Octocrab::builder()
-                .personal_token(token.to_owned())
+            let mut builder = Octocrab::builder();
+            if let Some(token) = token {
+                builder = builder.personal_token(token.to_owned());
+            }
+            builder
                 .base_uri(target.api_url.as_str())
                 .with_context(|| {
                     format!(
@@ -214,6 +233,44 @@ impl<'a> Publisher<'a> {
             name: "GitHub Releases".to_owned(),
             url: release.html_url.to_string(),
         })
+    }
+
+    async fn download(&self, tag: &str) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+        let mut out = BTreeMap::new();
+        let Some(release) = self.find_release(tag).await? else {
+            eprintln!(
+                "    [GitHub] no release {tag} on {}/{}",
+                self.target.owner, self.target.repo
+            );
+            return Ok(out);
+        };
+        for a in self.assets(release.id.into_inner()).await? {
+            if a.state != "uploaded" {
+                continue;
+            }
+            let started = Instant::now();
+            let url = a.browser_download_url.to_string();
+            let (status, body) = self
+                .retry("download asset", || async {
+                    let resp = self.crab._get(url.as_str()).await?;
+                    let status = resp.status().as_u16();
+                    let body = resp.into_body().collect().await?.to_bytes();
+                    Ok((status, body))
+                })
+                .await?;
+            if status != 200 {
+                eprintln!("    [GitHub] {}: HTTP {status} from {url}", a.name);
+                continue;
+            }
+            eprintln!(
+                "    [GitHub] {}: {} bytes in {}",
+                a.name,
+                body.len(),
+                fmt_duration(started.elapsed())
+            );
+            out.insert(a.name.clone(), body.to_vec());
+        }
+        Ok(out)
     }
 
     async fn find_or_create_draft(&self, tag: &str, commit: &str) -> anyhow::Result<Release> {

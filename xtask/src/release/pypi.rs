@@ -37,6 +37,17 @@ pub struct Index {
     pub simple_url: String,
 }
 
+impl Index {
+    /// The project's Simple API page.
+    pub fn project_url(&self, project: &str) -> String {
+        format!(
+            "{}/{}/",
+            self.simple_url.trim_end_matches('/'),
+            normalize_name(project)
+        )
+    }
+}
+
 /// HTTP Basic credentials for uploads. `Debug` hides the password.
 #[derive(Clone)]
 pub struct Credentials {
@@ -114,7 +125,7 @@ pub struct Comparison {
     /// The project's page on the index.
     pub project_url: String,
     /// Every file the index lists for the project.
-    pub existing: BTreeMap<String, Option<String>>,
+    pub existing: BTreeMap<String, SimpleFile>,
     pub identical: Vec<String>,
     pub missing: Vec<PathBuf>,
 }
@@ -237,11 +248,7 @@ async fn compare_with(
     project: &str,
     files: &[PathBuf],
 ) -> anyhow::Result<Comparison> {
-    let project_url = format!(
-        "{}/{}/",
-        index.simple_url.trim_end_matches('/'),
-        normalize_name(project)
-    );
+    let project_url = index.project_url(project);
     let existing = http.simple_files(&project_url).await?;
     let mut missing = Vec::new();
     let mut conflicts = Vec::new();
@@ -249,7 +256,7 @@ async fn compare_with(
     for path in files {
         let name = file_name(path);
         let (sha, _) = sha256_file(path)?;
-        match existing.get(&name) {
+        match existing.get(&name).map(|f| f.sha256.as_ref()) {
             Some(Some(theirs)) if *theirs == sha => identical.push(name),
             Some(Some(theirs)) => conflicts.push(format!(
                 "{name}: the index has sha256 {theirs}, ours is {sha}"
@@ -317,14 +324,12 @@ pub async fn publish_files(
             UploadOutcome::AlreadyExists(reason) => {
                 // Raced with another upload, or an index that answers 400 for duplicates: ask.
                 eprintln!("the index says: {reason}");
-                match http.simple_files(&project_url).await?.get(&name) {
-                    Some(Some(theirs)) if *theirs == sha => identical.push(name),
+                let now = http.simple_files(&project_url).await?;
+                match now.get(&name).and_then(|f| f.sha256.as_ref()) {
+                    Some(theirs) if *theirs == sha => identical.push(name),
                     other => bail!(
                         "{name}: the index refused it ({reason}) and holds {}: not ours",
-                        other
-                            .cloned()
-                            .flatten()
-                            .map_or("no comparable file".to_owned(), |s| format!("sha256 {s}"))
+                        other.map_or("no comparable file".to_owned(), |s| format!("sha256 {s}"))
                     ),
                 }
             }
@@ -566,13 +571,13 @@ impl Http {
     async fn simple_files(
         &self,
         project_url: &str,
-    ) -> anyhow::Result<BTreeMap<String, Option<String>>> {
+    ) -> anyhow::Result<BTreeMap<String, SimpleFile>> {
         let accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1";
         let (status, body) = self
             .request("GET", project_url, &[("accept", accept)], Vec::new())
             .await?;
         match status {
-            200 => parse_simple(&body),
+            200 => parse_simple(project_url, &body),
             404 => Ok(BTreeMap::new()),
             _ => bail!(
                 "cannot ask the index what it holds: GET {project_url}: HTTP {status}: {}",
@@ -661,8 +666,22 @@ pub fn multipart(
     out
 }
 
-/// A Simple API project page: PEP 691 JSON, or PEP 503 HTML whose links carry `#sha256=`.
-pub fn parse_simple(body: &[u8]) -> anyhow::Result<BTreeMap<String, Option<String>>> {
+/// One file of a Simple API project page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimpleFile {
+    /// Where to download it, resolved against the page.
+    pub url: String,
+    pub sha256: Option<String>,
+}
+
+/// A Simple API project page at `page_url`: PEP 691 JSON, or PEP 503 HTML whose links carry
+/// `#sha256=`. File name -> file.
+pub fn parse_simple(page_url: &str, body: &[u8]) -> anyhow::Result<BTreeMap<String, SimpleFile>> {
+    let base = url::Url::parse(page_url).with_context(|| format!("{page_url:?} is not a URL"))?;
+    let resolve = |href: &str| {
+        base.join(href)
+            .map_or_else(|_| href.to_owned(), String::from)
+    };
     let text = String::from_utf8_lossy(body);
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
         let files = v["files"]
@@ -673,7 +692,10 @@ pub fn parse_simple(body: &[u8]) -> anyhow::Result<BTreeMap<String, Option<Strin
             .filter_map(|f| {
                 Some((
                     f["filename"].as_str()?.to_owned(),
-                    f["hashes"]["sha256"].as_str().map(str::to_owned),
+                    SimpleFile {
+                        url: resolve(f["url"].as_str()?),
+                        sha256: f["hashes"]["sha256"].as_str().map(str::to_owned),
+                    },
                 ))
             })
             .collect());
@@ -685,10 +707,49 @@ pub fn parse_simple(body: &[u8]) -> anyhow::Result<BTreeMap<String, Option<Strin
         };
         let (url, fragment) = href.split_once('#').unwrap_or((href, ""));
         let name = url.rsplit('/').next().unwrap_or(url).to_owned();
-        let sha = fragment.strip_prefix("sha256=").map(str::to_owned);
-        out.insert(percent_decode(&name), sha);
+        let sha256 = fragment.strip_prefix("sha256=").map(str::to_owned);
+        out.insert(
+            percent_decode(&name),
+            SimpleFile {
+                url: resolve(&url.replace("&amp;", "&")),
+                sha256,
+            },
+        );
     }
     Ok(out)
+}
+
+/// Downloads `names` of `project` from the index, with a progress line a file; a name the
+/// index does not list is left out of the result.
+pub fn download(
+    index: &Index,
+    project: &str,
+    names: &[String],
+) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+    runtime()?.block_on(async {
+        let http = Http::new()?;
+        let project_url = index.project_url(project);
+        let listed = http.simple_files(&project_url).await?;
+        let mut out = BTreeMap::new();
+        for name in names {
+            let Some(file) = listed.get(name) else {
+                eprintln!("    [index] {name}: not listed on {project_url}");
+                continue;
+            };
+            let started = std::time::Instant::now();
+            let (status, body) = http.request("GET", &file.url, &[], Vec::new()).await?;
+            if status != 200 {
+                bail!("GET {}: HTTP {status}: {}", file.url, snippet(&body));
+            }
+            eprintln!(
+                "    [index] {name}: {} bytes in {}",
+                body.len(),
+                crate::phase::fmt_duration(started.elapsed())
+            );
+            out.insert(name.clone(), body);
+        }
+        Ok(out)
+    })
 }
 
 fn percent_decode(s: &str) -> String {
@@ -717,21 +778,35 @@ mod tests {
     fn simple_pages_parse_in_both_formats() {
         let html = br#"<html><body><a href="../../+f/abc/x-0.1.0-py3-none-any.whl#sha256=aaaa">x-0.1.0-py3-none-any.whl</a>
             <a href="https://files/x-0.1.0.tar.gz#sha256=bbbb" data-requires-python="&gt;=3.9">x</a><a href="x%2B1.whl">n</a></body></html>"#;
-        let m = parse_simple(html).unwrap();
-        assert_eq!(m["x-0.1.0-py3-none-any.whl"].as_deref(), Some("aaaa"));
-        assert_eq!(m["x-0.1.0.tar.gz"].as_deref(), Some("bbbb"));
-        assert_eq!(m["x+1.whl"], None);
-        let json = br#"{"meta": {"api-version": "1.0"}, "name": "x", "files": [{"filename": "x-0.1.0.tar.gz", "url": "u", "hashes": {"sha256": "cccc"}}]}"#;
+        let m = parse_simple("http://127.0.0.1:3141/u/i/+simple/x/", html).unwrap();
+        let w = &m["x-0.1.0-py3-none-any.whl"];
+        assert_eq!(w.sha256.as_deref(), Some("aaaa"));
         assert_eq!(
-            parse_simple(json).unwrap()["x-0.1.0.tar.gz"].as_deref(),
-            Some("cccc")
+            w.url,
+            "http://127.0.0.1:3141/u/i/+f/abc/x-0.1.0-py3-none-any.whl"
         );
+        assert_eq!(m["x-0.1.0.tar.gz"].sha256.as_deref(), Some("bbbb"));
+        assert_eq!(m["x-0.1.0.tar.gz"].url, "https://files/x-0.1.0.tar.gz");
+        assert_eq!(m["x+1.whl"].sha256, None);
+        let json = br#"{"meta": {"api-version": "1.0"}, "name": "x", "files": [{"filename": "x-0.1.0.tar.gz", "url": "u", "hashes": {"sha256": "cccc"}}]}"#;
+        let m = parse_simple("https://pypi.org/simple/x/", json).unwrap();
+        assert_eq!(m["x-0.1.0.tar.gz"].sha256.as_deref(), Some("cccc"));
+        assert_eq!(m["x-0.1.0.tar.gz"].url, "https://pypi.org/simple/x/u");
     }
 
     fn comparison(files: &[&str], missing: bool) -> Comparison {
         Comparison {
             project_url: "https://pypi.org/simple/x/".into(),
-            existing: files.iter().map(|f| ((*f).to_owned(), None)).collect(),
+            existing: files
+                .iter()
+                .map(|f| {
+                    let file = SimpleFile {
+                        url: format!("https://files/{f}"),
+                        sha256: None,
+                    };
+                    ((*f).to_owned(), file)
+                })
+                .collect(),
             identical: vec![],
             missing: if missing {
                 vec![PathBuf::from("x-0.1.0.tar.gz")]

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use xtask::release::pypi::{read_upload, Credentials, Index, Upload};
+use xtask::release::pypi::{publish_files, read_upload, runtime, Credentials, Index, Upload};
 
 pub struct Devpi {
     pub dir: PathBuf,
@@ -73,6 +73,19 @@ impl Devpi {
             upload_url: format!("{}/{}/{name}/", self.url, self.user),
             simple_url: format!("{}/{}/{name}/+simple/", self.url, self.user),
         }
+    }
+
+    /// Uploads stand-in artifacts of `standin-dist` to `index`, as a publisher would.
+    pub fn upload_standin(&self, index: &Index, uploads: &[Upload]) {
+        runtime()
+            .unwrap()
+            .block_on(publish_files(
+                index,
+                &self.credentials(),
+                "standin-dist",
+                uploads,
+            ))
+            .unwrap();
     }
 
     pub fn credentials(&self) -> Credentials {

@@ -123,6 +123,28 @@ impl GitHubStandin {
         id
     }
 
+    /// Replaces the bytes of an asset of `tag`'s release, or (`None`) removes it.
+    pub fn tamper(&self, tag: &str, name: &str, bytes: Option<&[u8]>) {
+        let mut s = self.state.lock().unwrap();
+        let r = s.releases.iter_mut().find(|r| r.tag == tag).unwrap();
+        match bytes {
+            Some(b) => {
+                if let Some(a) = r.assets.iter_mut().find(|a| a.name == name) {
+                    a.bytes = b.to_vec();
+                } else {
+                    let id = 9000 + r.assets.len() as u64;
+                    r.assets.push(StandinAsset {
+                        id,
+                        name: name.to_owned(),
+                        bytes: b.to_vec(),
+                        state: "uploaded",
+                    });
+                }
+            }
+            None => r.assets.retain(|a| a.name != name),
+        }
+    }
+
     pub fn fault(&self, fault: Fault) {
         self.state.lock().unwrap().faults.push(fault);
     }
