@@ -30,10 +30,6 @@ fn try_main() -> anyhow::Result<()> {
     let sh = xshell::Shell::new()?;
     sh.change_dir(xtask::project_root());
     match flags {
-        flags::Xtask::Help => {
-            print!("{}", flags::HELP);
-            Ok(())
-        }
         flags::Xtask::Plan(cmd) => cmd.run(&sh),
         flags::Xtask::CheckBaseline(cmd) => cmd.run(&sh),
         flags::Xtask::Verify(cmd) => cmd.run(&sh),
