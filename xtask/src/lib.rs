@@ -3,7 +3,8 @@
 //! `main.rs` parses [`flags`] and calls `run` on the chosen command; each command lives in its
 //! own module (`plan`, `check_baseline`, `verify`, `release`, `publish`, `images`,
 //! `pin_base`), the phases of a release in `release/`, the image builders and registry in
-//! `images/`.
+//! `images/`. The records they share depend on no command: [`source`], [`checksums`],
+//! [`ledger`], [`image_reference`].
 
 // The lints the workspace is adopting: a failure is an error that says what to do, not a panic.
 #![warn(
@@ -15,19 +16,27 @@
 use std::path::{Path, PathBuf};
 
 pub mod check_baseline;
+pub mod checksums;
 pub mod config;
 pub mod env;
 pub mod flags;
+pub mod image_reference;
 pub mod images;
+pub mod ledger;
 pub mod phase;
 pub mod pin_base;
 pub mod plan;
 pub mod publish;
 pub mod release;
+pub mod source;
 pub mod verify;
 pub mod version;
 
 pub use config::ReleaseConfig;
+
+/// The release ledger, at the workspace root (written by `ledger.rs`; `source.rs` lets it be
+/// the one file that may differ from the tag in a clean tree).
+pub const LEDGER: &str = "RELEASES.md";
 
 /// The workspace xtask operates on: `$XTASK_ROOT`, or the one it was built from.
 pub fn project_root() -> PathBuf {

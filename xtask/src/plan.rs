@@ -5,10 +5,11 @@ use anyhow::bail;
 use serde_json::json;
 use xshell::Shell;
 
+use crate::checksums::{MANIFEST, SUMS};
 use crate::flags;
-use crate::images::reference::ImageRef;
-use crate::release::checksums::{MANIFEST, SUMS};
-use crate::release::verify::{self, BaselineMode};
+use crate::image_reference::ImageRef;
+use crate::release::verify::BaselineMode;
+use crate::source;
 use crate::version::{dist_file_stem, normalize_name, ReleaseTag};
 use crate::Workspace;
 
@@ -22,7 +23,7 @@ impl flags::Plan {
         let platform = &config.baseline.wheel_platform;
         let wheel = format!("{stem}-{version}-{}-{platform}.whl", python_abi_tag(&ws));
         let sdist = format!("{stem}-{version}.tar.gz");
-        let source = verify::source(sh, &ws, &self.tag);
+        let source = source::source(sh, &ws, &self.tag);
         let (owner, repo) = config.github_owner_repo();
         let index = config.pypi.index_url.trim_end_matches('/');
         let images: Vec<_> = config

@@ -3,8 +3,9 @@
 
 use xshell::Shell;
 
+use crate::checksums;
 use crate::flags;
-use crate::release::{checksums, publish};
+use crate::release::publish;
 use crate::Workspace;
 
 impl flags::Publish {

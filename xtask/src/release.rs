@@ -12,19 +12,19 @@ use std::path::Path;
 
 use xshell::Shell;
 
+use crate::checksums::{self, Manifest, ManifestArtifact, ManifestRelease, MANIFEST, SUMS};
 use crate::flags;
 use crate::images;
+use crate::ledger;
 use crate::phase::Phases;
-use crate::release::checksums::{Manifest, ManifestArtifact, ManifestRelease, MANIFEST, SUMS};
-use crate::release::verify::{BaselineMode, BaselineReport, Source};
+use crate::release::verify::{BaselineMode, BaselineReport};
+use crate::source::{self, Source};
 use crate::version::ReleaseTag;
 use crate::Workspace;
 
 pub mod audit;
 pub mod build;
-pub mod checksums;
 pub mod github;
-pub mod ledger;
 pub mod publish;
 pub mod pypi;
 pub mod verify;
@@ -49,7 +49,7 @@ fn run_phases(
     phases: &mut Phases,
 ) -> anyhow::Result<()> {
     let source = phases.run("verify source", || {
-        let s = verify::source(sh, ws, &cmd.tag)?;
+        let s = source::source(sh, ws, &cmd.tag)?;
         let outcome = format!(
             "{} is {} (clean tree, version {})",
             s.tag, s.commit, s.version

@@ -5,8 +5,8 @@
 
 use xshell::Shell;
 
+use crate::checksums;
 use crate::flags;
-use crate::release::checksums;
 use crate::Workspace;
 
 pub mod published;

@@ -66,7 +66,7 @@ fn publish_files(
     tag: &str,
     commit: &str,
     files: &[PathBuf],
-) -> anyhow::Result<xtask::release::ledger::Published> {
+) -> anyhow::Result<xtask::ledger::Published> {
     let out = draft_files(target, token, tag, commit, files)?;
     undraft_files(target, token, tag, files)?;
     Ok(out)

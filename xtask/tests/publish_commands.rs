@@ -15,7 +15,7 @@ use std::process::Command;
 
 use support::devpi::{devpi_venv, standin_artifacts, start_devpi};
 use support::github_standin::{GitHubStandin, TagTarget};
-use xtask::release::checksums::{self, Manifest, ManifestArtifact, ManifestRelease, SUMS};
+use xtask::checksums::{self, Manifest, ManifestArtifact, ManifestRelease, SUMS};
 use xtask::release::pypi::read_upload;
 
 const TAG: &str = "v0.1.0";

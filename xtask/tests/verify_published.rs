@@ -9,7 +9,7 @@ use std::path::Path;
 use support::devpi::{standin_artifacts, start_devpi};
 use support::github_standin::GitHubStandin;
 use support::xtask_in;
-use xtask::release::checksums::sha256_bytes;
+use xtask::checksums::sha256_bytes;
 
 const TAG: &str = "v0.1.0";
 const WHEEL: &str = "standin_dist-0.1.0-py3-none-any.whl";

@@ -26,10 +26,10 @@ use octocrab::models::repos::{Asset, Object, Release};
 use octocrab::params::repos::Reference;
 use octocrab::Octocrab;
 
+use crate::checksums::{sha256_file, Manifest};
 use crate::env;
+use crate::ledger::{Place, Published};
 use crate::phase::fmt_duration;
-use crate::release::checksums::{sha256_file, Manifest};
-use crate::release::ledger::{Place, Published};
 use crate::Workspace;
 
 /// Where and how to talk to GitHub.

@@ -8,8 +8,8 @@ use std::path::Path;
 use anyhow::format_err;
 use xshell::Shell;
 
-use crate::release::checksums::{self, Manifest};
-use crate::release::ledger::{Place, Published};
+use crate::checksums::{self, Manifest};
+use crate::ledger::{Place, Published};
 use crate::release::{build, github, pypi};
 use crate::Workspace;
 

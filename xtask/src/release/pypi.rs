@@ -21,10 +21,10 @@ use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use xshell::{cmd, Shell};
 
+use crate::checksums::{sha256_file, Manifest};
 use crate::env;
-use crate::release::checksums::{sha256_file, Manifest};
+use crate::ledger::{Place, Published};
 use crate::release::file_name;
-use crate::release::ledger::{Place, Published};
 use crate::version::normalize_name;
 use crate::Workspace;
 

@@ -11,8 +11,8 @@ use std::fmt;
 
 use anyhow::{bail, Context};
 
-use crate::release::checksums::{parse_sums, sha256_bytes, MANIFEST, SUMS};
-use crate::release::ledger::{self, LEDGER};
+use crate::checksums::{parse_sums, sha256_bytes, MANIFEST, SUMS};
+use crate::ledger::{self, LEDGER};
 use crate::release::{github, pypi};
 use crate::{env, Workspace};
 

@@ -8,11 +8,11 @@ use std::fs;
 
 use anyhow::Context;
 
-use crate::release::checksums::Manifest;
-use crate::release::verify::Source;
+use crate::checksums::Manifest;
+use crate::source::Source;
 use crate::Workspace;
 
-pub const LEDGER: &str = "RELEASES.md";
+pub use crate::LEDGER;
 
 const HEADER: &str = "\
 # Releases
@@ -228,10 +228,10 @@ mod tests {
 
     #[test]
     fn an_entry_lists_places_artifacts_and_images_and_keeps_its_places_on_rewrite() {
-        use crate::release::checksums::ManifestImage;
+        use crate::checksums::ManifestImage;
         let ws = Workspace {
             root: std::path::PathBuf::from("/nonexistent"),
-            config: crate::ReleaseConfig::parse(include_str!("../../../release.toml")).unwrap(),
+            config: crate::ReleaseConfig::parse(include_str!("../../release.toml")).unwrap(),
         };
         let source = Source {
             tag: "v0.1.0".into(),
