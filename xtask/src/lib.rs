@@ -28,6 +28,7 @@ pub mod pin_base;
 pub mod plan;
 pub mod publish;
 pub mod release;
+pub mod retry;
 pub mod source;
 pub mod verify;
 pub mod version;

@@ -8,7 +8,7 @@
 //! (bases pinned, a builder, skopeo) before it builds anything.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use xshell::Shell;
 
@@ -48,6 +48,30 @@ fn run_phases(
     cmd: &flags::Release,
     phases: &mut Phases,
 ) -> anyhow::Result<()> {
+    let prepared = prepare(sh, ws, cmd, phases)?;
+    if cmd.dry_run {
+        dry_run(ws, &prepared, phases);
+        return Ok(());
+    }
+    publish_phases(sh, ws, cmd, prepared, phases)
+}
+
+/// What the phases before publishing leave: a checked, built, audited, checksummed release.
+struct Prepared {
+    source: Source,
+    /// `None` with `--dry-run` or `--skip-images`.
+    image_plan: Option<images::Plan>,
+    dist: PathBuf,
+    manifest: Manifest,
+}
+
+/// verify source -> verify baseline -> [check images] -> build -> audit -> checksums.
+fn prepare(
+    sh: &Shell,
+    ws: &Workspace,
+    cmd: &flags::Release,
+    phases: &mut Phases,
+) -> anyhow::Result<Prepared> {
     let source = phases.run("verify source", || {
         let s = source::source(sh, ws, &cmd.tag)?;
         let outcome = format!(
@@ -94,34 +118,62 @@ fn run_phases(
         Ok((a, outcome))
     })?;
     let dist = ws.dist_dir(&source.tag);
-    let mut manifest = phases.run("checksums", || {
+    let manifest = phases.run("checksums", || {
         let m = manifest(ws, &source, &baseline, &built, &audited)?;
         checksums::write(&dist, &m)?;
         checksums::verify_dir(&dist)?;
         Ok((m, format!("{} and {MANIFEST} in {}", SUMS, dist.display())))
     })?;
 
-    if cmd.dry_run {
-        for name in [
-            "GitHub draft",
-            "publish PyPI",
-            "GitHub undraft",
-            "images",
-            "ledger",
-        ] {
-            phases.skip(name, "--dry-run");
-        }
-        eprintln!("\nDry run: the release would publish these files:");
-        for f in &manifest.upload_files {
-            eprintln!("    {}", dist.join(f).display());
-        }
-        eprintln!(
-            "and add this entry to RELEASES.md:\n\n{}",
-            ledger::entry(ws, &source, &manifest, &[])
-        );
-        return Ok(());
-    }
+    Ok(Prepared {
+        source,
+        image_plan,
+        dist,
+        manifest,
+    })
+}
 
+/// `--dry-run`: what publishing would send, and the ledger entry it would write.
+fn dry_run(ws: &Workspace, prepared: &Prepared, phases: &mut Phases) {
+    let Prepared {
+        source,
+        dist,
+        manifest,
+        ..
+    } = prepared;
+    for name in [
+        "GitHub draft",
+        "publish PyPI",
+        "GitHub undraft",
+        "images",
+        "ledger",
+    ] {
+        phases.skip(name, "--dry-run");
+    }
+    eprintln!("\nDry run: the release would publish these files:");
+    for f in &manifest.upload_files {
+        eprintln!("    {}", dist.join(f).display());
+    }
+    eprintln!(
+        "and add this entry to RELEASES.md:\n\n{}",
+        ledger::entry(ws, source, manifest, &[])
+    );
+}
+
+/// GitHub draft -> publish PyPI -> GitHub undraft -> images -> ledger (`xtask/README.md`).
+fn publish_phases(
+    sh: &Shell,
+    ws: &Workspace,
+    cmd: &flags::Release,
+    prepared: Prepared,
+    phases: &mut Phases,
+) -> anyhow::Result<()> {
+    let Prepared {
+        source,
+        image_plan,
+        dist,
+        mut manifest,
+    } = prepared;
     phases.run("GitHub draft", || {
         let r = publish::github(ws, &dist, &manifest, cmd.allow_older)?;
         let outcome = r.summary();

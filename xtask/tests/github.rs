@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use support::github_standin::{Fault, GitHubStandin, TagTarget};
 use xtask::release::github::{draft_files, undraft_files, Target};
+use xtask::retry::Policy;
 
 const COMMIT: &str = "1111111111111111111111111111111111111111";
 const TAG: &str = "v0.1.0";
@@ -41,8 +42,10 @@ fn target(gh: &GitHubStandin) -> Target {
         api_url: gh.url.clone(),
         owner: "o".into(),
         repo: "r".into(),
-        backoff: Duration::from_millis(10),
-        attempts: 4,
+        retry: Policy {
+            first_delay: Duration::from_millis(10),
+            attempts: 4,
+        },
     }
 }
 

@@ -13,7 +13,8 @@
 //! [`undraft`] (`cargo xtask publish undraft <dist-dir>`): the assets checked once more, then
 //! the release out of draft. Both are safe to re-run.
 //!
-//! Every call is retried with backoff on 5xx, 429 and rate limits, and on transport errors.
+//! Every call is retried under [`Policy::NETWORK`] (`retry.rs`) on 5xx, 429 and rate limits,
+//! and on transport errors.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -30,6 +31,7 @@ use crate::checksums::{sha256_file, Manifest};
 use crate::env;
 use crate::ledger::{Place, Published};
 use crate::phase::fmt_duration;
+use crate::retry::Policy;
 use crate::Workspace;
 
 /// Where and how to talk to GitHub.
@@ -38,9 +40,7 @@ pub struct Target {
     pub api_url: String,
     pub owner: String,
     pub repo: String,
-    /// First retry delay; doubles each time.
-    pub backoff: Duration,
-    pub attempts: u32,
+    pub retry: Policy,
 }
 
 impl Target {
@@ -51,8 +51,7 @@ impl Target {
                 .unwrap_or_else(|| "https://api.github.com".to_owned()),
             owner: owner.to_owned(),
             repo: repo.to_owned(),
-            backoff: Duration::from_secs(2),
-            attempts: 5,
+            retry: Policy::NETWORK,
         }
     }
 }
@@ -318,17 +317,9 @@ impl<'a> Publisher<'a> {
                 eprintln!("    {name}: already on the release, identical");
                 return Ok(AssetOutcome::Identical);
             }
-            Some(a) => {
-                eprintln!(
-                    "    {name}: removing an incomplete upload (state {})",
-                    a.state
-                );
-                let id = a.id.into_inner();
-                let (o, r) = (&self.target.owner, &self.target.repo);
-                self.retry("delete incomplete asset", || async {
-                    self.crab.repos(o, r).release_assets().delete(id).await
-                })
-                .await?;
+            Some(_) => {
+                self.remove_incomplete(release.id.into_inner(), name)
+                    .await?
             }
             None => {}
         }
@@ -483,45 +474,64 @@ impl<'a> Publisher<'a> {
     ) -> anyhow::Result<Asset> {
         let bytes = bytes::Bytes::from(std::fs::read(path)?);
         let (o, r) = (&self.target.owner, &self.target.repo);
-        let mut delay = self.target.backoff;
-        for attempt in 1..=self.target.attempts {
-            eprint!("    {name}: uploading {size} bytes (attempt {attempt})… ");
-            let started = Instant::now();
-            let result = self
-                .crab
-                .repos(o, r)
-                .releases()
-                .upload_asset(release_id, name, bytes.clone())
-                .send()
-                .await;
-            match result {
-                Ok(asset) => {
-                    let t = started.elapsed();
-                    let rate = size as f64 / t.as_secs_f64().max(1e-6) / 1e6;
-                    eprintln!("done in {} ({rate:.1} MB/s)", fmt_duration(t));
-                    return Ok(asset);
+        let what = format!("upload {name}");
+        let attempt = |attempt: u32| {
+            let bytes = bytes.clone();
+            async move {
+                if attempt > 1 {
+                    self.remove_incomplete(release_id, name).await?;
                 }
-                Err(e) if transient(&e) && attempt < self.target.attempts => {
-                    eprintln!("{}; retrying in {}", short(&e), fmt_duration(delay));
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                    for a in self.assets(release_id).await? {
-                        if a.name == name && a.state != "uploaded" {
-                            let id = a.id.into_inner();
-                            self.retry("delete incomplete asset", || async {
-                                self.crab.repos(o, r).release_assets().delete(id).await
-                            })
-                            .await?;
-                        }
-                    }
-                }
-                Err(e) => {
-                    eprintln!("failed");
-                    return Err(describe(e, &format!("upload {name}")));
-                }
+                eprint!("    {name}: uploading {size} bytes (attempt {attempt})… ");
+                let started = Instant::now();
+                let sent = self
+                    .crab
+                    .repos(o, r)
+                    .releases()
+                    .upload_asset(release_id, name, bytes)
+                    .send()
+                    .await;
+                let asset = sent.map_err(|e| {
+                    eprintln!("failed: {}", short(&e));
+                    anyhow::Error::new(e)
+                })?;
+                let t = started.elapsed();
+                let rate = size as f64 / t.as_secs_f64().max(1e-6) / 1e6;
+                eprintln!("done in {} ({rate:.1} MB/s)", fmt_duration(t));
+                Ok(asset)
+            }
+        };
+        let transient_octocrab = |e: &anyhow::Error| {
+            e.downcast_ref::<octocrab::Error>()
+                .filter(|e| transient(e))
+                .map(short)
+        };
+        self.target
+            .retry
+            .run(&what, attempt, transient_octocrab)
+            .await
+            .map_err(|e| match e.downcast::<octocrab::Error>() {
+                Ok(e) => describe(e, &what),
+                Err(e) => e,
+            })
+    }
+
+    /// Deletes the `starter` asset a failed upload of `name` left behind, if any.
+    async fn remove_incomplete(&self, release_id: u64, name: &str) -> anyhow::Result<()> {
+        let (o, r) = (&self.target.owner, &self.target.repo);
+        for a in self.assets(release_id).await? {
+            if a.name == name && a.state != "uploaded" {
+                eprintln!(
+                    "    {name}: removing an incomplete upload (state {})",
+                    a.state
+                );
+                let id = a.id.into_inner();
+                self.retry("delete incomplete asset", || async {
+                    self.crab.repos(o, r).release_assets().delete(id).await
+                })
+                .await?;
             }
         }
-        unreachable!("the last attempt returns")
+        Ok(())
     }
 
     async fn retry<T, F, Fut>(&self, what: &str, f: F) -> anyhow::Result<T>
@@ -537,23 +547,11 @@ impl<'a> Publisher<'a> {
         F: FnMut() -> Fut,
         Fut: Future<Output = octocrab::Result<T>>,
     {
-        let mut delay = self.target.backoff;
-        let mut attempt = 1;
-        loop {
-            match f().await {
-                Err(e) if transient(&e) && attempt < self.target.attempts => {
-                    eprintln!(
-                        "    {what}: {}; retrying in {}",
-                        short(&e),
-                        fmt_duration(delay)
-                    );
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                    attempt += 1;
-                }
-                other => return other,
-            }
-        }
+        let transient_octocrab = |e: &octocrab::Error| transient(e).then(|| short(e));
+        self.target
+            .retry
+            .run(what, |_| f(), transient_octocrab)
+            .await
     }
 }
 

@@ -25,6 +25,7 @@ use crate::checksums::{sha256_file, Manifest};
 use crate::env;
 use crate::ledger::{Place, Published};
 use crate::release::file_name;
+use crate::retry::Policy;
 use crate::version::normalize_name;
 use crate::Workspace;
 
@@ -511,8 +512,8 @@ impl Http {
         })
     }
 
-    /// One request, retried with backoff on 5xx, 429 and transport errors. Redirects are not
-    /// followed (an index that redirects an upload is misconfigured).
+    /// One request, retried under [`Policy::NETWORK`] on 5xx, 429 and transport errors.
+    /// Redirects are not followed (an index that redirects an upload is misconfigured).
     async fn request(
         &self,
         method: &str,
@@ -520,51 +521,47 @@ impl Http {
         headers: &[(&str, &str)],
         body: Vec<u8>,
     ) -> anyhow::Result<(u16, Vec<u8>)> {
-        let mut delay = Duration::from_millis(500);
-        let body = bytes::Bytes::from(body);
-        for attempt in 1..=5 {
-            let mut req = http::Request::builder()
-                .method(method)
-                .uri(url)
-                .header("user-agent", "mooncake-xtask");
-            for (k, v) in headers {
-                req = req.header(*k, *v);
-            }
-            let req = req
-                .body(Full::new(body.clone()))
-                .with_context(|| format!("bad request to {url}"))?;
-            let result =
-                tokio::time::timeout(Duration::from_secs(600), self.client.request(req)).await;
-            let retry_reason = match result {
-                Ok(Ok(resp)) => {
-                    let status = resp.status().as_u16();
-                    let bytes = resp
-                        .into_body()
-                        .collect()
-                        .await
-                        .map(|b| b.to_bytes().to_vec());
-                    match bytes {
-                        Ok(b) if status >= 500 || status == 429 => {
-                            format!("HTTP {status}: {}", snippet(&b))
-                        }
-                        Ok(b) => return Ok((status, b)),
-                        Err(e) => format!("reading the answer failed: {e}"),
-                    }
-                }
-                Ok(Err(e)) => format!("{e}"),
-                Err(_) => "no answer in 600 s".to_owned(),
-            };
-            if attempt == 5 {
-                bail!("{method} {url}: {retry_reason} (gave up after {attempt} attempts)");
-            }
-            eprintln!(
-                "    {method} {url}: {retry_reason}; retrying in {} ms",
-                delay.as_millis()
-            );
-            tokio::time::sleep(delay).await;
-            delay *= 2;
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(url)
+            .header("user-agent", "mooncake-xtask");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
         }
-        unreachable!()
+        // Built once, to refuse a malformed request before sending anything.
+        let template = req
+            .body(Full::new(bytes::Bytes::from(body)))
+            .with_context(|| format!("bad request to {url}"))?;
+        let what = format!("{method} {url}");
+        let policy = Policy::NETWORK;
+        let attempt = |_| {
+            let mut req = http::Request::new(template.body().clone());
+            *req.method_mut() = template.method().clone();
+            *req.uri_mut() = template.uri().clone();
+            *req.headers_mut() = template.headers().clone();
+            async move {
+                let sent = tokio::time::timeout(Duration::from_secs(600), self.client.request(req));
+                let resp = match sent.await {
+                    Ok(Ok(resp)) => resp,
+                    Ok(Err(e)) => return Err(e.to_string()),
+                    Err(_) => return Err("no answer in 600 s".to_owned()),
+                };
+                let status = resp.status().as_u16();
+                match resp.into_body().collect().await {
+                    Ok(b) if status >= 500 || status == 429 => {
+                        Err(format!("HTTP {status}: {}", snippet(&b.to_bytes())))
+                    }
+                    Ok(b) => Ok((status, b.to_bytes().to_vec())),
+                    Err(e) => Err(format!("reading the answer failed: {e}")),
+                }
+            }
+        };
+        policy
+            .run(&what, attempt, |why: &String| Some(why.clone()))
+            .await
+            .map_err(|why| {
+                format_err!("{what}: {why} (gave up after {} attempts)", policy.attempts)
+            })
     }
 
     /// File name -> sha256 (when the index gives one) of everything the index has for a project.
