@@ -55,85 +55,12 @@ pub fn audit(
         .and_then(|n| n.to_str())
         .unwrap_or_default();
     let platform_tag = check_platform_tag(name, &ws.config.baseline.wheel_platform)?;
-
-    let tools_python = tools_venv.join("bin").join("python");
-    let listing = cmd!(sh, "{tools_python} -c {LIST_WHEEL} {wheel}")
-        .quiet()
-        .read()?;
-    let files: Vec<String> = serde_json::from_str(&listing)?;
+    let files = list_wheel(sh, tools_venv, wheel)?;
     check_contents(&files)?;
-
-    let auditwheel = tools_venv.join("bin").join("auditwheel");
-    let auditwheel = if auditwheel.exists() {
-        let out = cmd!(sh, "{auditwheel} show {wheel}")
-            .quiet()
-            .read()
-            .context("auditwheel show failed")?;
-        Some(check_auditwheel(&out, &ws.config.baseline.wheel_platform)?)
-    } else {
-        None
-    };
-
-    let venv = ws.scratch_dir().join("smoke-venv");
-    if venv.exists() {
-        fs::remove_dir_all(&venv)?;
-    }
-    cmd!(sh, "{python} -m venv {venv}")
-        .quiet()
-        .run()
-        .context("cannot create the smoke-test venv")?;
-    let vpython = venv.join("bin").join("python");
-    cmd!(
-        sh,
-        "{vpython} -m pip install --quiet --disable-pip-version-check --no-index --no-deps {wheel}"
-    )
-    .run()
-    .context("the wheel does not install into a clean venv")?;
-
-    let site = cmd!(
-        sh,
-        "{vpython} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])'"
-    )
-    .quiet()
-    .read()?;
-    let mut shared_objects = Vec::new();
-    for path in installed_shared_objects(&files, Path::new(&site)) {
-        let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        let needed = elf_needed(&bytes)
-            .with_context(|| format!("{} is not a readable ELF", path.display()))?;
-        let rel = path
-            .strip_prefix(&site)
-            .unwrap_or(&path)
-            .display()
-            .to_string();
-        if let Some(bad) = needed.iter().find(|n| is_vendor_library(n)) {
-            bail!(
-                "{rel} links {bad} (DT_NEEDED): the wheel would not import without the vendor \
-                 runtime. Load it at run time (libloading) instead of linking it."
-            );
-        }
-        shared_objects.push(SharedObject { path: rel, needed });
-    }
-    if shared_objects.is_empty() {
-        bail!("the wheel holds no extension module (.so)");
-    }
-
-    let imports = ws.config.wheel.smoke_imports.join(",");
-    let _d = sh.push_dir("/");
-    let out = cmd!(sh, "{vpython} -I -c {SMOKE} {imports}")
-        .env("MC_LOG_LEVEL", "warning")
-        .ignore_status()
-        .output()
-        .context("cannot run the smoke test")?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let smoke: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .map_err(|_| {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            format_err!("the smoke test printed no result:\n{stdout}{stderr}")
-        })?;
-    if !out.status.success() || smoke.get("ok") != Some(&serde_json::Value::Bool(true)) {
-        bail!("the smoke test failed: the installed wheel does not import or cannot move bytes: {smoke}");
-    }
+    let auditwheel = run_auditwheel(sh, ws, tools_venv, wheel)?;
+    let (vpython, site) = install_clean(sh, ws, python, wheel)?;
+    let shared_objects = linked_libraries(&files, &site)?;
+    let smoke = smoke_test(sh, ws, &vpython)?;
     Ok(AuditReport {
         platform_tag,
         auditwheel,
@@ -190,6 +117,115 @@ pub fn check_auditwheel(out: &str, wanted: &str) -> anyhow::Result<String> {
         (Some(f), Some(w)) if f <= w => Ok(format!("consistent with {found}")),
         _ => bail!("auditwheel says the wheel is only {found}, the release wants {wanted}:\n{out}"),
     }
+}
+
+/// The file names inside the wheel.
+fn list_wheel(sh: &Shell, tools_venv: &Path, wheel: &Path) -> anyhow::Result<Vec<String>> {
+    let tools_python = tools_venv.join("bin").join("python");
+    let listing = cmd!(sh, "{tools_python} -c {LIST_WHEEL} {wheel}")
+        .quiet()
+        .read()?;
+    Ok(serde_json::from_str(&listing)?)
+}
+
+/// `auditwheel show`'s verdict, checked against the baseline's platform, when the build tools
+/// have auditwheel.
+fn run_auditwheel(
+    sh: &Shell,
+    ws: &Workspace,
+    tools_venv: &Path,
+    wheel: &Path,
+) -> anyhow::Result<Option<String>> {
+    let auditwheel = tools_venv.join("bin").join("auditwheel");
+    if !auditwheel.exists() {
+        return Ok(None);
+    }
+    let out = cmd!(sh, "{auditwheel} show {wheel}")
+        .quiet()
+        .read()
+        .context("auditwheel show failed")?;
+    Ok(Some(check_auditwheel(
+        &out,
+        &ws.config.baseline.wheel_platform,
+    )?))
+}
+
+/// Installs the wheel alone into a fresh venv; returns its interpreter and site-packages.
+fn install_clean(
+    sh: &Shell,
+    ws: &Workspace,
+    python: &str,
+    wheel: &Path,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let venv = ws.scratch_dir().join("smoke-venv");
+    if venv.exists() {
+        fs::remove_dir_all(&venv)?;
+    }
+    cmd!(sh, "{python} -m venv {venv}")
+        .quiet()
+        .run()
+        .context("cannot create the smoke-test venv")?;
+    let vpython = venv.join("bin").join("python");
+    cmd!(
+        sh,
+        "{vpython} -m pip install --quiet --disable-pip-version-check --no-index --no-deps {wheel}"
+    )
+    .run()
+    .context("the wheel does not install into a clean venv")?;
+    let site = cmd!(
+        sh,
+        "{vpython} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])'"
+    )
+    .quiet()
+    .read()?;
+    Ok((vpython, PathBuf::from(site)))
+}
+
+/// The `DT_NEEDED` of every installed extension; a vendor runtime among them is an error.
+fn linked_libraries(files: &[String], site: &Path) -> anyhow::Result<Vec<SharedObject>> {
+    let mut shared_objects = Vec::new();
+    for path in installed_shared_objects(files, site) {
+        let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let needed = elf_needed(&bytes)
+            .with_context(|| format!("{} is not a readable ELF", path.display()))?;
+        let rel = path
+            .strip_prefix(site)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        if let Some(bad) = needed.iter().find(|n| is_vendor_library(n)) {
+            bail!(
+                "{rel} links {bad} (DT_NEEDED): the wheel would not import without the vendor \
+                 runtime. Load it at run time (libloading) instead of linking it."
+            );
+        }
+        shared_objects.push(SharedObject { path: rel, needed });
+    }
+    if shared_objects.is_empty() {
+        bail!("the wheel holds no extension module (.so)");
+    }
+    Ok(shared_objects)
+}
+
+/// `smoke.py` in the clean venv, from `/`: import, then 1 MiB over TCP between two engines.
+fn smoke_test(sh: &Shell, ws: &Workspace, vpython: &Path) -> anyhow::Result<serde_json::Value> {
+    let imports = ws.config.wheel.smoke_imports.join(",");
+    let _d = sh.push_dir("/");
+    let out = cmd!(sh, "{vpython} -I -c {SMOKE} {imports}")
+        .env("MC_LOG_LEVEL", "warning")
+        .ignore_status()
+        .output()
+        .context("cannot run the smoke test")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let smoke: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .map_err(|_| {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            format_err!("the smoke test printed no result:\n{stdout}{stderr}")
+        })?;
+    if !out.status.success() || smoke.get("ok") != Some(&serde_json::Value::Bool(true)) {
+        bail!("the smoke test failed: the installed wheel does not import or cannot move bytes: {smoke}");
+    }
+    Ok(smoke)
 }
 
 fn installed_shared_objects(files: &[String], site: &Path) -> Vec<PathBuf> {
