@@ -9,20 +9,18 @@ venv and puts them on PATH. Everything here is offline.
 - the release policy of issue 6 (triggers, concurrency, job order, least privilege, actions
   pinned by commit, the builder image from release.toml), partly by running the workflow's
   own shell steps in a scratch git repository;
-- the GitHub Release step's shell (draft, upload by digest, never overwrite, publish) run
-  against fake_gh.py, a `gh api` stand-in keeping a repository's releases in a JSON file.
+- the publishing jobs call `cargo xtask publish <step>` (no publish logic in shell); the xtask
+  tests run those command lines against the GitHub stand-in and devpi
+  (xtask/tests/publish_commands.rs).
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -167,11 +165,14 @@ def test_job_order(release):
         n = j[name]["needs"]
         return set(n if isinstance(n, list) else [n])
 
+    # The order of xtask/README.md: GitHub draft -> PyPI -> GitHub undraft -> images.
     assert needs("build") == {"plan"}
     assert "build" in needs("verify")
-    assert "verify" in needs("publish-pypi")
-    assert "publish-pypi" in needs("publish-github")
-    assert "publish-github" in needs("images")
+    assert "verify" in needs("attest")
+    assert {"verify", "attest"} <= needs("github-draft")
+    assert "github-draft" in needs("publish-pypi")
+    assert "publish-pypi" in needs("github-undraft")
+    assert "github-undraft" in needs("images")
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -186,19 +187,72 @@ def test_least_privilege(path: Path):
         for perm, level in (job["permissions"] or {}).items()
         if level == "write"
     }
-    expected = {("publish-pypi", "id-token"), ("publish-github", "contents")}
+    expected = {("publish-pypi", "id-token"), ("github-draft", "contents"),
+                ("github-undraft", "contents"), ("attest", "id-token"),
+                ("attest", "attestations")}
     assert writes == (expected if path == RELEASE else set())
 
 
 def test_pypi_job(release):
     job = jobs(release)["publish-pypi"]
     assert job["environment"]["name"] == "pypi"
-    assert job["permissions"] == {"id-token": "write"}
-    publish = [s for s in job["steps"] if "gh-action-pypi-publish" in s.get("uses", "")]
+    assert job["permissions"] == {"contents": "read", "id-token": "write"}
+    steps = job["steps"]
+    publish = [i for i, s in enumerate(steps) if "gh-action-pypi-publish" in s.get("uses", "")]
     assert len(publish) == 1
-    inputs = publish[0].get("with", {})
-    # Trusted publishing: no password; never hide a different-bytes collision.
+    inputs = steps[publish[0]].get("with", {})
+    # Trusted publishing (PEP 740 attestations are on by default with it): no password, the
+    # attestations not switched off; never hide a different-bytes collision.
     assert "password" not in inputs and "skip-existing" not in inputs
+    assert inputs.get("attestations", True) is True
+    # The xtask compares with the index before the upload.
+    runs = [s.get("run", "") for s in steps[: publish[0]]]
+    assert 'cargo xtask publish pypi "$TAG" --check-only' in runs
+
+
+PUBLISH_COMMANDS = {
+    "github-draft": 'cargo xtask publish github "$TAG"',
+    "publish-pypi": 'cargo xtask publish pypi "$TAG" --check-only',
+    "github-undraft": 'cargo xtask publish undraft "$TAG"',
+}
+
+
+@pytest.mark.parametrize("job", sorted(PUBLISH_COMMANDS))
+def test_publishing_jobs_run_the_xtask_on_the_verified_files(release, job):
+    """One implementation per destination: the jobs call the xtask, never `gh api` or curl."""
+    j = jobs(release)[job]
+    steps = j["steps"]
+    runs = [s.get("run", "") for s in steps]
+    assert PUBLISH_COMMANDS[job] in runs, runs
+    i = runs.index(PUBLISH_COMMANDS[job])
+    before = "\n".join(runs[:i])
+    assert 'sha256sum -c' in before and "$SUMS_SHA256" in before, job
+    checkout = next(s for s in steps if "actions/checkout" in s.get("uses", ""))
+    assert checkout["with"]["ref"] == "refs/tags/${{ needs.plan.outputs.tag }}"
+    if job != "publish-pypi":
+        assert steps[i]["env"] == {"GITHUB_TOKEN": "${{ github.token }}"}
+
+
+def test_no_publish_logic_in_shell(release):
+    for name, step in all_steps(release):
+        run = step.get("run", "")
+        assert "gh api" not in run and "gh release" not in run, f"{name}: {step.get('name')}"
+        if name != "build":  # the build job fetches rustup-init (pinned by SHA256)
+            assert "curl" not in run, f"{name}: {step.get('name')}"
+
+
+def test_every_published_file_is_attested_before_publishing(release):
+    job = jobs(release)["attest"]
+    assert job["permissions"] == {"id-token": "write", "attestations": "write"}
+    steps = job["steps"]
+    attest = [i for i, s in enumerate(steps) if "attest-build-provenance" in s.get("uses", "")]
+    assert len(attest) == 1
+    # The release directory as verified: wheel, sdist, sha256.sum and the manifest.
+    assert steps[attest[0]]["with"] == {"subject-path": "dist/*"}
+    download = next(s for s in steps if "download-artifact" in s.get("uses", ""))
+    assert download["with"]["path"] == "dist"
+    checked = "\n".join(s.get("run", "") for s in steps[: attest[0]])
+    assert "sha256sum -c --strict sha256.sum" in checked
 
 
 def test_build_runs_in_the_builder_image_from_release_toml(release):
@@ -212,7 +266,7 @@ def test_build_runs_in_the_builder_image_from_release_toml(release):
 def test_artifacts_travel_by_upload_and_download_and_are_verified(release):
     j = jobs(release)
     assert any("upload-artifact" in s.get("uses", "") for s in j["build"]["steps"])
-    for name in ("verify", "publish-pypi", "publish-github", "images"):
+    for name in ("verify", "attest", "github-draft", "publish-pypi", "github-undraft", "images"):
         steps = j[name]["steps"]
         assert any("download-artifact" in s.get("uses", "") for s in steps), name
         runs = "\n".join(s.get("run", "") for s in steps)
@@ -369,126 +423,3 @@ def test_plan_refuses_a_malformed_builder_image(release, tagged_repo):
     r = run_step(script, tagged_repo, {"TAG": "v9.9.9",
                                        "GITHUB_OUTPUT": str(tagged_repo / "out")})
     assert r.returncode != 0 and "is not an image reference" in r.stdout
-
-
-# --- the GitHub Release step, against a `gh api` stand-in (fake_gh.py) ------------------------
-
-COMMIT = "c0ffee" + "0" * 34
-PUBLISH = ("publish-github", "Draft, upload (by digest), publish")
-
-
-@pytest.fixture
-def github(tmp_path: Path):
-    """A release directory, a `gh` on PATH that answers from a state file, and a runner."""
-    dist = tmp_path / "dist"
-    dist.mkdir()
-    for name, data in {
-        "mooncake_transfer_engine_musa-9.9.9-cp39-abi3-manylinux_2_35_x86_64.whl": b"wheel",
-        "mooncake_transfer_engine_musa-9.9.9.tar.gz": b"sdist",
-        "dist-manifest.json": b"{}",
-    }.items():
-        (dist / name).write_bytes(data)
-    sums = "".join(
-        f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in sorted(dist.iterdir()))
-    (dist / "sha256.sum").write_text(sums)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    gh = bindir / "gh"
-    gh.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'fake_gh.py'} \"$@\"\n")
-    gh.chmod(0o755)
-    state = tmp_path / "state.json"
-    state.write_text(json.dumps({
-        "tags": {"v9.9.9": {"type": "tag", "sha": "7a6"}},
-        "tag_objects": {"7a6": COMMIT},
-        "releases": [],
-    }))
-
-    class GitHub:
-        def __init__(self):
-            self.dist, self.state_file = dist, state
-
-        @property
-        def state(self) -> dict:
-            return json.loads(state.read_text())
-
-        def edit(self, change) -> None:
-            s = self.state
-            change(s)
-            state.write_text(json.dumps(s))
-
-        def run(self, release_wf: dict, commit: str = COMMIT) -> subprocess.CompletedProcess:
-            script = step_script(release_wf, *PUBLISH)
-            return run_step(script, dist, {
-                "TAG": "v9.9.9", "COMMIT": commit, "GH_REPO": "o/r", "FAKE_GH_STATE": str(state),
-                "PATH": f"{bindir}:{os.environ['PATH']}"})
-
-    return GitHub()
-
-
-def uploads(state: dict) -> list:
-    return [p for m, p in state["calls"] if m == "POST" and "uploads.github.com" in p]
-
-
-def test_github_first_publish_drafts_uploads_everything_then_publishes(release, github):
-    r = github.run(release)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (rel,) = github.state["releases"]
-    assert rel["draft"] is False and rel["tag_name"] == "v9.9.9"
-    assert sorted(a["name"] for a in rel["assets"]) == sorted(p.name for p in github.dist.iterdir())
-    assert "sha256sum -c sha256.sum" in rel["body"]
-    for a in rel["assets"]:
-        assert a["digest"] == "sha256:" + hashlib.sha256((github.dist / a["name"]).read_bytes()).hexdigest()
-
-
-def test_github_rerun_uploads_nothing(release, github):
-    assert github.run(release).returncode == 0
-    before = len(uploads(github.state))
-    r = github.run(release)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert len(uploads(github.state)) == before
-    assert r.stdout.count("already there") == 4
-
-
-def test_github_finds_a_draft_and_completes_it(release, github):
-    def half_done(s):
-        s["releases"].append({"id": 7, "tag_name": "v9.9.9", "name": "v9.9.9", "draft": True,
-                              "assets": []})
-    github.edit(half_done)
-    wheel = next(github.dist.glob("*.whl"))
-    # One asset uploaded earlier without a digest recorded: compared by its bytes.
-    github.edit(lambda s: s["releases"][0]["assets"].append({
-        "id": 70, "name": wheel.name, "state": "uploaded", "digest": None,
-        "content": __import__("base64").b64encode(wheel.read_bytes()).decode()}))
-    r = github.run(release)
-    assert r.returncode == 0, r.stdout + r.stderr
-    (rel,) = github.state["releases"]
-    assert rel["id"] == 7 and rel["draft"] is False and len(rel["assets"]) == 4
-    assert len(uploads(github.state)) == 3
-
-
-def test_github_stops_on_a_different_asset_and_never_overwrites(release, github):
-    assert github.run(release).returncode == 0
-    wheel = next(github.dist.glob("*.whl"))
-    wheel.write_bytes(b"rebuilt, different bytes")
-    r = github.run(release)
-    assert r.returncode != 0
-    assert f"{wheel.name} on the release has sha256:" in r.stdout and "not overwriting" in r.stdout
-    assert [m for m, _ in github.state["calls"] if m == "DELETE"] == []
-
-
-def test_github_replaces_an_incomplete_upload(release, github):
-    def starter(s):
-        s["releases"].append({"id": 8, "tag_name": "v9.9.9", "name": "v9.9.9", "draft": True,
-                              "assets": [{"id": 80, "name": "sha256.sum", "state": "starter",
-                                          "digest": None, "content": ""}]})
-    github.edit(starter)
-    r = github.run(release)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert ["DELETE", "repos/o/r/releases/assets/80"] in github.state["calls"]
-    assert all(a["state"] == "uploaded" for a in github.state["releases"][0]["assets"])
-
-
-def test_github_refuses_a_tag_that_is_not_the_built_commit(release, github):
-    r = github.run(release, commit="f" * 40)
-    assert r.returncode != 0 and "but the release was built from" in r.stdout
-    assert github.state["releases"] == []

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
-use crate::images::reference::ImageRef;
+use crate::image_reference::ImageRef;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -1,194 +1,153 @@
-//! The whole command line of `cargo xtask`, in one place.
+//! The whole command line of `cargo xtask`, in one place (clap's derive API: the help text is
+//! generated from these doc comments).
 
-use anyhow::{bail, format_err};
+use anyhow::bail;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub const HELP: &str = "\
-cargo xtask: the release orchestrator
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "cargo xtask: the release orchestrator",
+    arg_required_else_help = true,
+    after_help = "Strict baseline is the default on GitHub Actions (GITHUB_ACTIONS=true).\n\
+        Images: the builder is the first of podman, buildah, docker buildx found (or\n\
+        XTASK_IMAGE_BUILDER); IMAGE_REGISTRY_USERNAME/IMAGE_REGISTRY_PASSWORD log in to the registry."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Xtask,
+}
 
-USAGE:
-    cargo xtask <command> [options]
-
-COMMANDS:
-    plan <tag>                  print, as JSON, what `release <tag>` would do (nothing is built)
-    check-baseline [--strict-baseline]
-                                compare this host with the baseline pinned in release.toml
-    verify <dir-or-tag>         re-hash the artifacts of a release directory (or of
-                                target/dist/<tag>) against its sha256.sum and manifest
-    release <tag> [--dry-run] [--strict-baseline] [--skip-images]
-                                verify source and baseline, build, audit, checksum, publish to
-                                GitHub Releases and PyPI, build and push the images, write
-                                RELEASES.md. --dry-run stops before publishing and works
-                                offline; --skip-images leaves the images to `images <tag>`.
-    images <tag> [--force] [--builder podman|buildah|docker-buildx]
-                                build the serving images of release.toml [images] from the
-                                release directory target/dist/<tag>, push them by digest,
-                                record the digests in its manifest and RELEASES.md. A tag that
-                                already holds another digest stops the run unless --force.
-    pin-base [--builder-image] [<image>...]
-                                resolve each [[images.image]] base tag through its registry and
-                                write `@sha256:<digest>` into release.toml (all images if none
-                                is named; --builder-image: [baseline] builder_image too)
-
-Strict baseline is the default on GitHub Actions (GITHUB_ACTIONS=true).
-Images: the builder is the first of podman, buildah, docker buildx found (or
-XTASK_IMAGE_BUILDER); IMAGE_REGISTRY_USERNAME/IMAGE_REGISTRY_PASSWORD log in to the registry.
-";
-
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Subcommand)]
 pub enum Xtask {
-    Help,
+    /// Print, as JSON, what `release <tag>` would do (nothing is built).
     Plan(Plan),
+    /// Compare this host with the baseline pinned in release.toml.
     CheckBaseline(CheckBaseline),
+    /// Re-hash a release directory (or target/dist/<tag>) against its sha256.sum and manifest;
+    /// with --published, compare what GitHub and the index serve with RELEASES.md.
     Verify(Verify),
+    /// Verify source and baseline, build, audit, checksum, publish (GitHub draft, PyPI, GitHub
+    /// out of draft), build and push the images, write RELEASES.md.
     Release(Release),
+    /// One publishing step on a release directory (or target/dist/<tag>), as the release
+    /// workflow's jobs run them.
+    Publish(Publish),
+    /// Build the serving images of release.toml [images] from target/dist/<tag>, push them by
+    /// digest, record the digests in its manifest and RELEASES.md.
     Images(Images),
+    /// Resolve each [[images.image]] base tag through its registry and write
+    /// `@sha256:<digest>` into release.toml.
     PinBase(PinBase),
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Args)]
 pub struct Plan {
     pub tag: String,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Args)]
 pub struct CheckBaseline {
+    /// Any difference from the baseline fails.
+    #[arg(long)]
     pub strict_baseline: bool,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Args)]
 pub struct Verify {
+    /// A release directory or a tag (target/dist/<tag>); a tag with --published.
     pub dir_or_tag: String,
+    /// Download the tag's files from the GitHub Release and the index and say, per file and
+    /// place, whether they are identical to RELEASES.md, different or missing (GITHUB_API_URL,
+    /// GITHUB_TOKEN for a private repository, PYPI_INDEX_URL).
+    #[arg(long)]
+    pub published: bool,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Args)]
 pub struct Release {
     pub tag: String,
+    /// Stop before publishing; works offline.
+    #[arg(long)]
     pub dry_run: bool,
+    /// Any difference from the baseline fails.
+    #[arg(long)]
     pub strict_baseline: bool,
+    /// Leave the images to `images <tag>`.
+    #[arg(long)]
     pub skip_images: bool,
+    /// Publish a version that sorts below the newest release on the index.
+    #[arg(long)]
+    pub allow_older: bool,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Args)]
+pub struct Publish {
+    /// github: the index preflight, then the draft release, its assets uploaded and verified
+    /// by digest; pypi: the wheel and sdist on the index; undraft: once the index holds the same
+    /// files and the assets are ours by digest, the release out of draft.
+    pub step: PublishStep,
+    pub dir_or_tag: String,
+    /// `pypi` only: the preflight alone (what the index holds, what would be uploaded).
+    #[arg(long)]
+    pub check_only: bool,
+    /// `github`, `pypi`: publish a version that sorts below the newest release on the index.
+    #[arg(long)]
+    pub allow_older: bool,
+}
+
+#[derive(Debug, PartialEq, Eq, Clone, Copy, ValueEnum)]
+pub enum PublishStep {
+    Github,
+    Pypi,
+    Undraft,
+}
+
+#[derive(Debug, PartialEq, Eq, Args)]
 pub struct Images {
     pub tag: String,
+    /// Replace an image whose tag already holds another digest.
+    #[arg(long)]
     pub force: bool,
+    /// podman, buildah or docker-buildx.
+    #[arg(long, value_name = "BUILDER")]
     pub builder: Option<String>,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, Args)]
 pub struct PinBase {
+    /// The images to pin (all if none is named).
     pub images: Vec<String>,
+    /// Pin [baseline] builder_image too.
+    #[arg(long)]
     pub builder_image: bool,
 }
 
 impl Xtask {
+    /// The command line of this process; `--help` and clap's own errors exit here.
     pub fn from_env() -> anyhow::Result<Xtask> {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        Xtask::parse(&args)
+        let flags = Cli::parse().command;
+        flags.check()?;
+        Ok(flags)
     }
 
-    pub fn parse(args: &[String]) -> anyhow::Result<Xtask> {
-        let mut args = Args {
-            rest: args.iter().map(String::as_str).collect(),
-        };
-        let Some(cmd) = args.next_positional() else {
-            return Ok(Xtask::Help);
-        };
-        let parsed = match cmd {
-            "help" | "--help" | "-h" => Xtask::Help,
-            "plan" => Xtask::Plan(Plan {
-                tag: args.required("<tag>")?,
-            }),
-            "check-baseline" => Xtask::CheckBaseline(CheckBaseline {
-                strict_baseline: args.flag("--strict-baseline"),
-            }),
-            "verify" => Xtask::Verify(Verify {
-                dir_or_tag: args.required("<dir-or-tag>")?,
-            }),
-            "release" => {
-                let dry_run = args.flag("--dry-run");
-                let strict_baseline = args.flag("--strict-baseline");
-                let skip_images = args.flag("--skip-images");
-                Xtask::Release(Release {
-                    tag: args.required("<tag>")?,
-                    dry_run,
-                    strict_baseline,
-                    skip_images,
-                })
+    /// `args` without the program name.
+    pub fn parse(args: &[&str]) -> anyhow::Result<Xtask> {
+        let cli = Cli::try_parse_from(std::iter::once("xtask").chain(args.iter().copied()))?;
+        cli.command.check()?;
+        Ok(cli.command)
+    }
+
+    /// What clap cannot say: options that belong to some publishing steps only.
+    fn check(&self) -> anyhow::Result<()> {
+        if let Xtask::Publish(p) = self {
+            if p.check_only && p.step != PublishStep::Pypi {
+                bail!("--check-only belongs to `publish pypi`");
             }
-            "images" => {
-                let force = args.flag("--force");
-                let builder = args.value("--builder")?;
-                Xtask::Images(Images {
-                    tag: args.required("<tag>")?,
-                    force,
-                    builder,
-                })
+            if p.allow_older && p.step == PublishStep::Undraft {
+                bail!("--allow-older belongs to `publish github` and `publish pypi`");
             }
-            "pin-base" => {
-                let builder_image = args.flag("--builder-image");
-                let mut images = Vec::new();
-                while let Some(name) = args.next_positional() {
-                    images.push(name.to_owned());
-                }
-                Xtask::PinBase(PinBase {
-                    images,
-                    builder_image,
-                })
-            }
-            other => bail!("unknown command `{other}`\n\n{HELP}"),
-        };
-        args.finish()?;
-        Ok(parsed)
-    }
-}
-
-struct Args<'a> {
-    rest: Vec<&'a str>,
-}
-
-impl<'a> Args<'a> {
-    fn flag(&mut self, name: &str) -> bool {
-        let before = self.rest.len();
-        self.rest.retain(|a| *a != name);
-        self.rest.len() != before
-    }
-
-    /// `--name value` or `--name=value`.
-    fn value(&mut self, name: &str) -> anyhow::Result<Option<String>> {
-        let prefix = format!("{name}=");
-        if let Some(i) = self.rest.iter().position(|a| a.starts_with(&prefix)) {
-            let v = self.rest.remove(i)[prefix.len()..].to_owned();
-            return Ok(Some(v));
-        }
-        let Some(i) = self.rest.iter().position(|a| *a == name) else {
-            return Ok(None);
-        };
-        if i + 1 >= self.rest.len() || self.rest[i + 1].starts_with("--") {
-            bail!("{name} needs a value\n\n{HELP}");
-        }
-        let v = self.rest.remove(i + 1).to_owned();
-        self.rest.remove(i);
-        Ok(Some(v))
-    }
-
-    fn next_positional(&mut self) -> Option<&'a str> {
-        let i = self
-            .rest
-            .iter()
-            .position(|a| !a.starts_with("--") || *a == "--help")?;
-        Some(self.rest.remove(i))
-    }
-
-    fn required(&mut self, what: &str) -> anyhow::Result<String> {
-        self.next_positional()
-            .map(str::to_owned)
-            .ok_or_else(|| format_err!("missing argument {what}\n\n{HELP}"))
-    }
-
-    fn finish(self) -> anyhow::Result<()> {
-        if let Some(extra) = self.rest.first() {
-            bail!("unexpected argument `{extra}`\n\n{HELP}");
         }
         Ok(())
     }
@@ -199,19 +158,23 @@ mod tests {
     use super::*;
 
     fn parse(s: &str) -> anyhow::Result<Xtask> {
-        Xtask::parse(&s.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        Xtask::parse(&s.split_whitespace().collect::<Vec<_>>())
+    }
+
+    fn error(s: &str) -> String {
+        parse(s).unwrap_err().to_string()
     }
 
     #[test]
     fn commands_parse() {
-        assert_eq!(parse("").unwrap(), Xtask::Help);
         assert_eq!(
             parse("release v0.1.0 --dry-run").unwrap(),
             Xtask::Release(Release {
                 tag: "v0.1.0".into(),
                 dry_run: true,
                 strict_baseline: false,
-                skip_images: false
+                skip_images: false,
+                allow_older: false
             })
         );
         assert_eq!(
@@ -220,16 +183,18 @@ mod tests {
                 tag: "v0.1.0".into(),
                 dry_run: false,
                 strict_baseline: true,
-                skip_images: false
+                skip_images: false,
+                allow_older: false
             })
         );
         assert_eq!(
-            parse("release v0.1.0 --skip-images").unwrap(),
+            parse("release v0.1.0 --skip-images --allow-older").unwrap(),
             Xtask::Release(Release {
                 tag: "v0.1.0".into(),
                 dry_run: false,
                 strict_baseline: false,
-                skip_images: true
+                skip_images: true,
+                allow_older: true
             })
         );
         assert_eq!(
@@ -263,6 +228,33 @@ mod tests {
             })
         );
         assert_eq!(
+            parse("publish github target/dist/v0.1.0").unwrap(),
+            Xtask::Publish(Publish {
+                step: PublishStep::Github,
+                dir_or_tag: "target/dist/v0.1.0".into(),
+                check_only: false,
+                allow_older: false
+            })
+        );
+        assert_eq!(
+            parse("publish pypi --check-only v0.1.0 --allow-older").unwrap(),
+            Xtask::Publish(Publish {
+                step: PublishStep::Pypi,
+                dir_or_tag: "v0.1.0".into(),
+                check_only: true,
+                allow_older: true
+            })
+        );
+        assert_eq!(
+            parse("publish undraft v0.1.0").unwrap(),
+            Xtask::Publish(Publish {
+                step: PublishStep::Undraft,
+                dir_or_tag: "v0.1.0".into(),
+                check_only: false,
+                allow_older: false
+            })
+        );
+        assert_eq!(
             parse("plan v0.1.0").unwrap(),
             Xtask::Plan(Plan {
                 tag: "v0.1.0".into()
@@ -271,7 +263,15 @@ mod tests {
         assert_eq!(
             parse("verify target/dist/v0.1.0").unwrap(),
             Xtask::Verify(Verify {
-                dir_or_tag: "target/dist/v0.1.0".into()
+                dir_or_tag: "target/dist/v0.1.0".into(),
+                published: false
+            })
+        );
+        assert_eq!(
+            parse("verify --published v0.1.0").unwrap(),
+            Xtask::Verify(Verify {
+                dir_or_tag: "v0.1.0".into(),
+                published: true
             })
         );
         assert_eq!(
@@ -283,24 +283,43 @@ mod tests {
     }
 
     #[test]
-    fn mistakes_are_errors() {
-        assert!(parse("release")
-            .unwrap_err()
-            .to_string()
-            .contains("missing argument <tag>"));
-        assert!(parse("release v0.1.0 --dryrun")
-            .unwrap_err()
-            .to_string()
-            .contains("--dryrun"));
-        assert!(parse("release v0.1.0 v0.2.0").is_err());
-        assert!(parse("images v0.1.0 --builder")
-            .unwrap_err()
-            .to_string()
-            .contains("--builder needs a value"));
-        assert!(parse("images").unwrap_err().to_string().contains("<tag>"));
-        assert!(parse("publish")
-            .unwrap_err()
-            .to_string()
-            .contains("unknown command"));
+    fn mistakes_are_errors_that_name_them() {
+        assert!(error("release").contains("<TAG>"), "{}", error("release"));
+        assert!(error("release v0.1.0 --dryrun").contains("--dryrun"));
+        assert!(error("release v0.1.0 v0.2.0").contains("v0.2.0"));
+        assert!(error("images v0.1.0 --builder").contains("--builder"));
+        assert!(error("images").contains("<TAG>"));
+        assert!(error("publish").contains("<STEP>"));
+        let e = error("publish gitlab d");
+        assert!(
+            e.contains("gitlab") && e.contains("github, pypi, undraft"),
+            "{e}"
+        );
+        assert!(error("publish github d --check-only")
+            .contains("--check-only belongs to `publish pypi`"));
+        assert!(error("publish undraft d --allow-older").contains("--allow-older belongs to"));
+        assert!(error("publish undraft").contains("<DIR_OR_TAG>"));
+        assert!(error("shipit").contains("shipit"));
+    }
+
+    #[test]
+    fn the_help_lists_every_command() {
+        let help = error("help");
+        for command in [
+            "plan",
+            "check-baseline",
+            "verify",
+            "release",
+            "publish",
+            "images",
+            "pin-base",
+        ] {
+            // The release workflow's images job looks for `  images  ` in `cargo xtask help`.
+            assert!(
+                help.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{command} "))),
+                "{command}: {help}"
+            );
+        }
     }
 }

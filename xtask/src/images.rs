@@ -16,21 +16,20 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, format_err, Context};
 use xshell::{cmd, Shell};
 
+use crate::checksums::{self, Manifest, ManifestImage};
 use crate::config::ImageRecipe;
 use crate::env;
+use crate::ledger;
 use crate::phase::Phases;
-use crate::release::checksums::{self, Manifest, ManifestImage};
-use crate::release::ledger;
-use crate::release::verify::{self, Source};
+use crate::source::{self, Source};
 use crate::{flags, Workspace};
 
 pub mod builder;
 pub mod oci_layout;
-pub mod reference;
 pub mod registry;
 
+use crate::image_reference::ImageRef;
 use builder::{BuildSpec, Builder};
-use reference::ImageRef;
 
 /// The install step both recipes run, copied into every build context.
 const INSTALL_SCRIPT: &str = "images/common/install-wheels.py";
@@ -445,7 +444,7 @@ impl flags::Images {
             Ok((plan, outcome))
         })?;
         let source = phases.run("verify source", || {
-            let s = verify::source(sh, ws, &self.tag)?;
+            let s = source::source(sh, ws, &self.tag)?;
             let outcome = format!("{} is {}", s.tag, s.commit);
             Ok((s, outcome))
         })?;

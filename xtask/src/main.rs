@@ -1,5 +1,12 @@
 //! `cargo xtask`: parse the command line once, go to the workspace root, dispatch.
 
+// The lints the workspace is adopting: a failure is an error that says what to do, not a panic.
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::undocumented_unsafe_blocks
+)]
+
 use std::process::ExitCode;
 
 use xtask::flags;
@@ -23,14 +30,11 @@ fn try_main() -> anyhow::Result<()> {
     let sh = xshell::Shell::new()?;
     sh.change_dir(xtask::project_root());
     match flags {
-        flags::Xtask::Help => {
-            print!("{}", flags::HELP);
-            Ok(())
-        }
         flags::Xtask::Plan(cmd) => cmd.run(&sh),
         flags::Xtask::CheckBaseline(cmd) => cmd.run(&sh),
         flags::Xtask::Verify(cmd) => cmd.run(&sh),
         flags::Xtask::Release(cmd) => cmd.run(&sh),
+        flags::Xtask::Publish(cmd) => cmd.run(&sh),
         flags::Xtask::Images(cmd) => cmd.run(&sh),
         flags::Xtask::PinBase(cmd) => cmd.run(&sh),
     }

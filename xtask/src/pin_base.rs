@@ -8,7 +8,7 @@ use xshell::Shell;
 
 use crate::config::ReleaseConfig;
 use crate::flags;
-use crate::images::reference::ImageRef;
+use crate::image_reference::ImageRef;
 use crate::images::registry;
 use crate::Workspace;
 

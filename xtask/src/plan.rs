@@ -5,10 +5,11 @@ use anyhow::bail;
 use serde_json::json;
 use xshell::Shell;
 
+use crate::checksums::{MANIFEST, SUMS};
 use crate::flags;
-use crate::images::reference::ImageRef;
-use crate::release::checksums::{MANIFEST, SUMS};
-use crate::release::verify::{self, BaselineMode};
+use crate::image_reference::ImageRef;
+use crate::release::verify::BaselineMode;
+use crate::source;
 use crate::version::{dist_file_stem, normalize_name, ReleaseTag};
 use crate::Workspace;
 
@@ -22,7 +23,7 @@ impl flags::Plan {
         let platform = &config.baseline.wheel_platform;
         let wheel = format!("{stem}-{version}-{}-{platform}.whl", python_abi_tag(&ws));
         let sdist = format!("{stem}-{version}.tar.gz");
-        let source = verify::source(sh, &ws, &self.tag);
+        let source = source::source(sh, &ws, &self.tag);
         let (owner, repo) = config.github_owner_repo();
         let index = config.pypi.index_url.trim_end_matches('/');
         let images: Vec<_> = config
@@ -64,9 +65,12 @@ impl flags::Plan {
                 {"name": "build", "does": format!("maturin sdist + build --release --locked --compatibility {}", config.baseline.manylinux()?.0)},
                 {"name": "audit", "does": "platform tag, auditwheel, no vendor runtime bundled or linked, smoke test in a clean venv"},
                 {"name": "checksums", "does": format!("{SUMS} and {MANIFEST}")},
-                {"name": "publish GitHub", "dry_run": "skipped", "target": format!("https://github.com/{owner}/{repo}/releases/tag/{}", tag.name)},
+                {"name": "GitHub draft", "dry_run": "skipped", "target": format!("https://github.com/{owner}/{repo}/releases/tag/{}", tag.name),
+                 "does": "draft release, upload the assets, verify them by digest"},
                 {"name": "publish PyPI", "dry_run": "skipped", "target": config.pypi.repository_url,
                  "checks": format!("{index}/{}/", normalize_name(&config.distribution))},
+                {"name": "GitHub undraft", "dry_run": "skipped",
+                 "does": "once the index holds the same wheel and sdist, the release out of draft"},
                 {"name": "images", "dry_run": "skipped", "images": images,
                  "does": "build, check labels, push by digest unless the tag holds it, record digests"},
                 {"name": "ledger", "dry_run": "skipped", "target": "RELEASES.md"},

@@ -2,28 +2,30 @@
 //! safe to re-run; publishing compares what exists with what it would upload.
 //!
 //! verify source -> verify baseline -> [check images] -> build -> audit -> checksums ->
-//! publish GitHub -> publish PyPI -> images -> ledger. `--dry-run` stops before publishing and
+//! GitHub draft -> publish PyPI -> GitHub undraft -> images -> ledger (the publishing steps are
+//! `release/publish.rs`, shared with `cargo xtask publish`). `--dry-run` stops before publishing and
 //! needs no network. Unless `--skip-images`, a publishing run checks the images' pre-conditions
 //! (bases pinned, a builder, skopeo) before it builds anything.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use xshell::Shell;
 
+use crate::checksums::{self, Manifest, ManifestArtifact, ManifestRelease, MANIFEST, SUMS};
 use crate::flags;
 use crate::images;
+use crate::ledger;
 use crate::phase::Phases;
-use crate::release::checksums::{Manifest, ManifestArtifact, ManifestRelease, MANIFEST, SUMS};
-use crate::release::verify::{BaselineMode, BaselineReport, Source};
+use crate::release::verify::{BaselineMode, BaselineReport};
+use crate::source::{self, Source};
 use crate::version::ReleaseTag;
 use crate::Workspace;
 
 pub mod audit;
 pub mod build;
-pub mod checksums;
 pub mod github;
-pub mod ledger;
+pub mod publish;
 pub mod pypi;
 pub mod verify;
 
@@ -46,8 +48,32 @@ fn run_phases(
     cmd: &flags::Release,
     phases: &mut Phases,
 ) -> anyhow::Result<()> {
+    let prepared = prepare(sh, ws, cmd, phases)?;
+    if cmd.dry_run {
+        dry_run(ws, &prepared, phases);
+        return Ok(());
+    }
+    publish_phases(sh, ws, cmd, prepared, phases)
+}
+
+/// What the phases before publishing leave: a checked, built, audited, checksummed release.
+struct Prepared {
+    source: Source,
+    /// `None` with `--dry-run` or `--skip-images`.
+    image_plan: Option<images::Plan>,
+    dist: PathBuf,
+    manifest: Manifest,
+}
+
+/// verify source -> verify baseline -> [check images] -> build -> audit -> checksums.
+fn prepare(
+    sh: &Shell,
+    ws: &Workspace,
+    cmd: &flags::Release,
+    phases: &mut Phases,
+) -> anyhow::Result<Prepared> {
     let source = phases.run("verify source", || {
-        let s = verify::source(sh, ws, &cmd.tag)?;
+        let s = source::source(sh, ws, &cmd.tag)?;
         let outcome = format!(
             "{} is {} (clean tree, version {})",
             s.tag, s.commit, s.version
@@ -92,38 +118,76 @@ fn run_phases(
         Ok((a, outcome))
     })?;
     let dist = ws.dist_dir(&source.tag);
-    let mut manifest = phases.run("checksums", || {
+    let manifest = phases.run("checksums", || {
         let m = manifest(ws, &source, &baseline, &built, &audited)?;
         checksums::write(&dist, &m)?;
         checksums::verify_dir(&dist)?;
         Ok((m, format!("{} and {MANIFEST} in {}", SUMS, dist.display())))
     })?;
 
-    if cmd.dry_run {
-        for name in ["publish GitHub", "publish PyPI", "images", "ledger"] {
-            phases.skip(name, "--dry-run");
-        }
-        eprintln!("\nDry run: the release would publish these files:");
-        for f in &manifest.upload_files {
-            eprintln!("    {}", dist.join(f).display());
-        }
-        eprintln!(
-            "and add this entry to RELEASES.md:\n\n{}",
-            ledger::entry(ws, &source, &manifest, &[])
-        );
-        return Ok(());
-    }
+    Ok(Prepared {
+        source,
+        image_plan,
+        dist,
+        manifest,
+    })
+}
 
-    let github = phases.run("publish GitHub", || {
-        let r = github::publish(ws, &source, &dist, &manifest)?;
+/// `--dry-run`: what publishing would send, and the ledger entry it would write.
+fn dry_run(ws: &Workspace, prepared: &Prepared, phases: &mut Phases) {
+    let Prepared {
+        source,
+        dist,
+        manifest,
+        ..
+    } = prepared;
+    for name in [
+        "GitHub draft",
+        "publish PyPI",
+        "GitHub undraft",
+        "images",
+        "ledger",
+    ] {
+        phases.skip(name, "--dry-run");
+    }
+    eprintln!("\nDry run: the release would publish these files:");
+    for f in &manifest.upload_files {
+        eprintln!("    {}", dist.join(f).display());
+    }
+    eprintln!(
+        "and add this entry to RELEASES.md:\n\n{}",
+        ledger::entry(ws, source, manifest, &[])
+    );
+}
+
+/// GitHub draft -> publish PyPI -> GitHub undraft -> images -> ledger (`xtask/README.md`).
+fn publish_phases(
+    sh: &Shell,
+    ws: &Workspace,
+    cmd: &flags::Release,
+    prepared: Prepared,
+    phases: &mut Phases,
+) -> anyhow::Result<()> {
+    let Prepared {
+        source,
+        image_plan,
+        dist,
+        mut manifest,
+    } = prepared;
+    phases.run("GitHub draft", || {
+        let r = publish::github(ws, &dist, &manifest, cmd.allow_older)?;
         let outcome = r.summary();
         Ok((r, outcome))
     })?;
-    let pypi = phases.run("publish PyPI", || {
-        let venv = build::tools_venv(sh, ws)?;
-        let r = pypi::publish(sh, ws, &dist, &manifest, &venv)?;
+    phases.run("publish PyPI", || {
+        let r = publish::pypi(sh, ws, &dist, &manifest, cmd.allow_older)?;
         let outcome = r.summary();
         Ok((r, outcome))
+    })?;
+    let places = phases.run("GitHub undraft", || {
+        let places = publish::undraft(ws, &dist, &manifest)?;
+        let outcome = format!("{} is public", places[0].url);
+        Ok((places, outcome))
     })?;
     let pushed = if let Some(plan) = &image_plan {
         phases.run("images", || {
@@ -143,7 +207,6 @@ fn run_phases(
         BTreeMap::new()
     };
     phases.run("ledger", || {
-        let places = [github.place(), pypi.place()];
         let outcome = images::record(ws, &source, &dist, &mut manifest, pushed, Some(&places))?;
         Ok(((), outcome))
     })?;

@@ -1,6 +1,7 @@
-//! `publish GitHub` against the loopback stand-in, whose requests and responses are checked
-//! against GitHub's OpenAPI description: a new release, re-runs with all, some and none of the
-//! assets, a digest mismatch, a 502 then success, and tags GitHub does not have.
+//! The GitHub steps of publishing (draft, then undraft) against the loopback stand-in, whose
+//! requests and responses are checked against GitHub's OpenAPI description: a new release,
+//! re-runs with all, some and none of the assets, a digest mismatch, a 502 then success, tags
+//! GitHub does not have, and an undraft that finds the assets changed.
 
 mod support;
 
@@ -8,7 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use support::github_standin::{Fault, GitHubStandin, TagTarget};
-use xtask::release::github::{publish_files, Target};
+use xtask::release::github::{draft_files, undraft_files, Target};
+use xtask::retry::Policy;
 
 const COMMIT: &str = "1111111111111111111111111111111111111111";
 const TAG: &str = "v0.1.0";
@@ -40,8 +42,10 @@ fn target(gh: &GitHubStandin) -> Target {
         api_url: gh.url.clone(),
         owner: "o".into(),
         repo: "r".into(),
-        backoff: Duration::from_millis(10),
-        attempts: 4,
+        retry: Policy {
+            first_delay: Duration::from_millis(10),
+            attempts: 4,
+        },
     }
 }
 
@@ -58,12 +62,30 @@ fn uploads(gh: &GitHubStandin) -> Vec<String> {
         .collect()
 }
 
+/// Both steps, as `cargo xtask release` runs them around PyPI.
+fn publish_files(
+    target: &Target,
+    token: &str,
+    tag: &str,
+    commit: &str,
+    files: &[PathBuf],
+) -> anyhow::Result<xtask::ledger::Published> {
+    let out = draft_files(target, token, tag, commit, files)?;
+    undraft_files(target, token, tag, files)?;
+    Ok(out)
+}
+
 #[test]
 fn a_new_release_is_drafted_uploaded_and_published() {
     let gh = standin();
-    let out = publish_files(&target(&gh), "t0ken", TAG, COMMIT, &files("gh-new").1).unwrap();
+    let (_dir, paths) = files("gh-new");
+    let out = draft_files(&target(&gh), "t0ken", TAG, COMMIT, &paths).unwrap();
     assert_eq!(out.uploaded.len(), 4);
     assert!(out.identical.is_empty());
+    assert!(gh.release(TAG).unwrap().draft, "a draft until undraft");
+    assert!(!gh.log().iter().any(|l| l.starts_with("PATCH")));
+    let place = undraft_files(&target(&gh), "t0ken", TAG, &paths).unwrap();
+    assert_eq!(place.url, out.place.url);
     let r = gh.release(TAG).unwrap();
     assert!(!r.draft, "published at the end");
     assert_eq!(r.commitish, COMMIT);
@@ -226,6 +248,36 @@ fn a_tag_github_lacks_or_places_elsewhere_is_refused() {
         gh.state.lock().unwrap().releases.is_empty(),
         "nothing created"
     );
+    gh.assert_no_violations();
+}
+
+#[test]
+fn undraft_refuses_a_missing_release_and_changed_assets() {
+    let gh = standin();
+    let (_dir, paths) = files("gh-undraft");
+    let err = undraft_files(&target(&gh), "t", TAG, &paths)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("there is no release v0.1.0 on GitHub (o/r) to publish"),
+        "{err}"
+    );
+    gh.add_release(TAG, true, &FILES[..3]);
+    let err = undraft_files(&target(&gh), "t", TAG, &paths)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("release v0.1.0 lacks dist-manifest.json"),
+        "{err}"
+    );
+    draft_files(&target(&gh), "t", TAG, COMMIT, &paths).unwrap();
+    std::fs::write(&paths[0], b"rebuilt, other bytes").unwrap();
+    let err = undraft_files(&target(&gh), "t", TAG, &paths)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not overwriting"), "{err}");
+    assert!(gh.release(TAG).unwrap().draft, "still a draft");
+    assert!(!gh.log().iter().any(|l| l.starts_with("PATCH")));
     gh.assert_no_violations();
 }
 

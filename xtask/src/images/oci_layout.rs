@@ -9,8 +9,8 @@ use std::path::Path;
 use anyhow::{bail, format_err, Context};
 use serde::Deserialize;
 
-use crate::images::reference::is_sha256_digest;
-use crate::release::checksums::sha256_bytes;
+use crate::checksums::sha256_bytes;
+use crate::image_reference::is_sha256_digest;
 
 const REF_NAME: &str = "org.opencontainers.image.ref.name";
 const INDEX_MEDIA_TYPES: [&str; 2] = [

@@ -6,8 +6,8 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use xshell::{cmd, Shell};
 
-use crate::images::reference::is_loopback_host;
-use crate::release::checksums::sha256_bytes;
+use crate::checksums::sha256_bytes;
+use crate::image_reference::is_loopback_host;
 
 pub fn check_skopeo(sh: &Shell) -> anyhow::Result<()> {
     cmd!(sh, "skopeo --version")

@@ -55,85 +55,12 @@ pub fn audit(
         .and_then(|n| n.to_str())
         .unwrap_or_default();
     let platform_tag = check_platform_tag(name, &ws.config.baseline.wheel_platform)?;
-
-    let tools_python = tools_venv.join("bin").join("python");
-    let listing = cmd!(sh, "{tools_python} -c {LIST_WHEEL} {wheel}")
-        .quiet()
-        .read()?;
-    let files: Vec<String> = serde_json::from_str(&listing)?;
+    let files = list_wheel(sh, tools_venv, wheel)?;
     check_contents(&files)?;
-
-    let auditwheel = tools_venv.join("bin").join("auditwheel");
-    let auditwheel = if auditwheel.exists() {
-        let out = cmd!(sh, "{auditwheel} show {wheel}")
-            .quiet()
-            .read()
-            .context("auditwheel show failed")?;
-        Some(check_auditwheel(&out, &ws.config.baseline.wheel_platform)?)
-    } else {
-        None
-    };
-
-    let venv = ws.scratch_dir().join("smoke-venv");
-    if venv.exists() {
-        fs::remove_dir_all(&venv)?;
-    }
-    cmd!(sh, "{python} -m venv {venv}")
-        .quiet()
-        .run()
-        .context("cannot create the smoke-test venv")?;
-    let vpython = venv.join("bin").join("python");
-    cmd!(
-        sh,
-        "{vpython} -m pip install --quiet --disable-pip-version-check --no-index --no-deps {wheel}"
-    )
-    .run()
-    .context("the wheel does not install into a clean venv")?;
-
-    let site = cmd!(
-        sh,
-        "{vpython} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])'"
-    )
-    .quiet()
-    .read()?;
-    let mut shared_objects = Vec::new();
-    for path in installed_shared_objects(&files, Path::new(&site)) {
-        let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        let needed = elf_needed(&bytes)
-            .with_context(|| format!("{} is not a readable ELF", path.display()))?;
-        let rel = path
-            .strip_prefix(&site)
-            .unwrap_or(&path)
-            .display()
-            .to_string();
-        if let Some(bad) = needed.iter().find(|n| is_vendor_library(n)) {
-            bail!(
-                "{rel} links {bad} (DT_NEEDED): the wheel would not import without the vendor \
-                 runtime. Load it at run time (libloading) instead of linking it."
-            );
-        }
-        shared_objects.push(SharedObject { path: rel, needed });
-    }
-    if shared_objects.is_empty() {
-        bail!("the wheel holds no extension module (.so)");
-    }
-
-    let imports = ws.config.wheel.smoke_imports.join(",");
-    let _d = sh.push_dir("/");
-    let out = cmd!(sh, "{vpython} -I -c {SMOKE} {imports}")
-        .env("MC_LOG_LEVEL", "warning")
-        .ignore_status()
-        .output()
-        .context("cannot run the smoke test")?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let smoke: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .map_err(|_| {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            format_err!("the smoke test printed no result:\n{stdout}{stderr}")
-        })?;
-    if !out.status.success() || smoke.get("ok") != Some(&serde_json::Value::Bool(true)) {
-        bail!("the smoke test failed: the installed wheel does not import or cannot move bytes: {smoke}");
-    }
+    let auditwheel = run_auditwheel(sh, ws, tools_venv, wheel)?;
+    let (vpython, site) = install_clean(sh, ws, python, wheel)?;
+    let shared_objects = linked_libraries(&files, &site)?;
+    let smoke = smoke_test(sh, ws, &vpython)?;
     Ok(AuditReport {
         platform_tag,
         auditwheel,
@@ -192,6 +119,115 @@ pub fn check_auditwheel(out: &str, wanted: &str) -> anyhow::Result<String> {
     }
 }
 
+/// The file names inside the wheel.
+fn list_wheel(sh: &Shell, tools_venv: &Path, wheel: &Path) -> anyhow::Result<Vec<String>> {
+    let tools_python = tools_venv.join("bin").join("python");
+    let listing = cmd!(sh, "{tools_python} -c {LIST_WHEEL} {wheel}")
+        .quiet()
+        .read()?;
+    Ok(serde_json::from_str(&listing)?)
+}
+
+/// `auditwheel show`'s verdict, checked against the baseline's platform, when the build tools
+/// have auditwheel.
+fn run_auditwheel(
+    sh: &Shell,
+    ws: &Workspace,
+    tools_venv: &Path,
+    wheel: &Path,
+) -> anyhow::Result<Option<String>> {
+    let auditwheel = tools_venv.join("bin").join("auditwheel");
+    if !auditwheel.exists() {
+        return Ok(None);
+    }
+    let out = cmd!(sh, "{auditwheel} show {wheel}")
+        .quiet()
+        .read()
+        .context("auditwheel show failed")?;
+    Ok(Some(check_auditwheel(
+        &out,
+        &ws.config.baseline.wheel_platform,
+    )?))
+}
+
+/// Installs the wheel alone into a fresh venv; returns its interpreter and site-packages.
+fn install_clean(
+    sh: &Shell,
+    ws: &Workspace,
+    python: &str,
+    wheel: &Path,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let venv = ws.scratch_dir().join("smoke-venv");
+    if venv.exists() {
+        fs::remove_dir_all(&venv)?;
+    }
+    cmd!(sh, "{python} -m venv {venv}")
+        .quiet()
+        .run()
+        .context("cannot create the smoke-test venv")?;
+    let vpython = venv.join("bin").join("python");
+    cmd!(
+        sh,
+        "{vpython} -m pip install --quiet --disable-pip-version-check --no-index --no-deps {wheel}"
+    )
+    .run()
+    .context("the wheel does not install into a clean venv")?;
+    let site = cmd!(
+        sh,
+        "{vpython} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])'"
+    )
+    .quiet()
+    .read()?;
+    Ok((vpython, PathBuf::from(site)))
+}
+
+/// The `DT_NEEDED` of every installed extension; a vendor runtime among them is an error.
+fn linked_libraries(files: &[String], site: &Path) -> anyhow::Result<Vec<SharedObject>> {
+    let mut shared_objects = Vec::new();
+    for path in installed_shared_objects(files, site) {
+        let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let needed = elf_needed(&bytes)
+            .with_context(|| format!("{} is not a readable ELF", path.display()))?;
+        let rel = path
+            .strip_prefix(site)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        if let Some(bad) = needed.iter().find(|n| is_vendor_library(n)) {
+            bail!(
+                "{rel} links {bad} (DT_NEEDED): the wheel would not import without the vendor \
+                 runtime. Load it at run time (libloading) instead of linking it."
+            );
+        }
+        shared_objects.push(SharedObject { path: rel, needed });
+    }
+    if shared_objects.is_empty() {
+        bail!("the wheel holds no extension module (.so)");
+    }
+    Ok(shared_objects)
+}
+
+/// `smoke.py` in the clean venv, from `/`: import, then 1 MiB over TCP between two engines.
+fn smoke_test(sh: &Shell, ws: &Workspace, vpython: &Path) -> anyhow::Result<serde_json::Value> {
+    let imports = ws.config.wheel.smoke_imports.join(",");
+    let _d = sh.push_dir("/");
+    let out = cmd!(sh, "{vpython} -I -c {SMOKE} {imports}")
+        .env("MC_LOG_LEVEL", "warning")
+        .ignore_status()
+        .output()
+        .context("cannot run the smoke test")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let smoke: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .map_err(|_| {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            format_err!("the smoke test printed no result:\n{stdout}{stderr}")
+        })?;
+    if !out.status.success() || smoke.get("ok") != Some(&serde_json::Value::Bool(true)) {
+        bail!("the smoke test failed: the installed wheel does not import or cannot move bytes: {smoke}");
+    }
+    Ok(smoke)
+}
+
 fn installed_shared_objects(files: &[String], site: &Path) -> Vec<PathBuf> {
     files
         .iter()
@@ -201,62 +237,11 @@ fn installed_shared_objects(files: &[String], site: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The `DT_NEEDED` entries of a 64-bit little-endian ELF file, read through its section headers.
+/// The `DT_NEEDED` entries of an ELF file (read with goblin).
 pub fn elf_needed(b: &[u8]) -> anyhow::Result<Vec<String>> {
-    let u16_at = |o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]));
-    let u32_at = |o: usize| {
-        b.get(o..o + 4)
-            .map(|s| u32::from_le_bytes(s.try_into().unwrap()))
-    };
-    let u64_at = |o: usize| {
-        b.get(o..o + 8)
-            .map(|s| u64::from_le_bytes(s.try_into().unwrap()))
-    };
-    let short = || format_err!("truncated ELF");
-    if b.get(..4) != Some(b"\x7fELF") || b.get(4) != Some(&2) || b.get(5) != Some(&1) {
-        bail!("not a 64-bit little-endian ELF file");
-    }
-    let shoff = u64_at(0x28).ok_or_else(short)? as usize;
-    let shentsize = u16_at(0x3a).ok_or_else(short)? as usize;
-    let shnum = u16_at(0x3c).ok_or_else(short)? as usize;
-    let section = |i: usize| -> Option<(u32, usize, usize, usize)> {
-        let o = shoff.checked_add(i.checked_mul(shentsize)?)?;
-        // (sh_type, sh_offset, sh_size, sh_link)
-        Some((
-            u32_at(o + 4)?,
-            u64_at(o + 0x18)? as usize,
-            u64_at(o + 0x20)? as usize,
-            u32_at(o + 0x28)? as usize,
-        ))
-    };
-    const SHT_DYNAMIC: u32 = 6;
-    const DT_NEEDED: u64 = 1;
-    let mut needed = Vec::new();
-    for i in 0..shnum {
-        let (ty, off, size, link) = section(i).ok_or_else(short)?;
-        if ty != SHT_DYNAMIC {
-            continue;
-        }
-        let (_, str_off, str_size, _) = section(link).ok_or_else(short)?;
-        let strtab = b
-            .get(str_off..str_off.checked_add(str_size).ok_or_else(short)?)
-            .ok_or_else(short)?;
-        for e in (off..off + size).step_by(16) {
-            let (tag, val) = (
-                u64_at(e).ok_or_else(short)?,
-                u64_at(e + 8).ok_or_else(short)? as usize,
-            );
-            if tag == 0 {
-                break;
-            }
-            if tag == DT_NEEDED {
-                let s = strtab.get(val..).ok_or_else(short)?;
-                let end = s.iter().position(|&c| c == 0).ok_or_else(short)?;
-                needed.push(String::from_utf8_lossy(&s[..end]).into_owned());
-            }
-        }
-    }
-    Ok(needed)
+    let elf =
+        goblin::elf::Elf::parse(b).map_err(|e| format_err!("not a readable ELF file: {e}"))?;
+    Ok(elf.libraries.iter().map(|l| (*l).to_owned()).collect())
 }
 
 #[cfg(test)]

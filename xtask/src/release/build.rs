@@ -15,7 +15,7 @@ use serde::Serialize;
 use xshell::{cmd, Shell};
 
 use crate::env;
-use crate::release::verify::{self, Source};
+use crate::source::{self, Source};
 use crate::version::dist_file_stem;
 use crate::Workspace;
 
@@ -131,7 +131,7 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
 
 /// What must hold of the sources before maturin runs.
 fn preflight(ws: &Workspace, project: &Path) -> anyhow::Result<()> {
-    let pyproject = verify::wheel_pyproject(project)?;
+    let pyproject = source::wheel_pyproject(project)?;
     if pyproject.sbom_rust != Some(false) || pyproject.sbom_auditwheel != Some(false) {
         bail!(
             "maturin would embed an SBOM (a random serial number and a timestamp: no two builds \
@@ -203,7 +203,7 @@ fn move_into(file: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
 pub fn tools_venv(sh: &Shell, ws: &Workspace) -> anyhow::Result<PathBuf> {
     let lock = ws.root.join(BUILD_REQUIREMENTS);
     let text = fs::read(&lock).with_context(|| format!("cannot read {}", lock.display()))?;
-    let want = crate::release::checksums::sha256_bytes(&text);
+    let want = crate::checksums::sha256_bytes(&text);
     let venv = ws.scratch_dir().join("tools-venv");
     let stamp = venv.join(".requirements.sha256");
     if fs::read_to_string(&stamp).ok().as_deref() == Some(want.as_str()) {

@@ -1,6 +1,6 @@
-//! Phase `publish GitHub`: the release for the tag, as a draft, its assets compared by digest,
-//! then published. Safe to re-run:
+//! Publishing to GitHub Releases, in two steps around PyPI (the order is in `xtask/README.md`):
 //!
+//! [`draft`] (`cargo xtask publish github <dist-dir>`):
 //! 1. the tag on GitHub must name the commit we built (GitHub would otherwise create or keep a
 //!    tag elsewhere; a pushed tag is never moved);
 //! 2. find the release for the tag (drafts included, so list rather than `get_by_tag`), or
@@ -8,24 +8,30 @@
 //! 3. for each file: an asset with the same name and digest is skipped; one with another digest
 //!    stops the release (never clobbered); a `starter` asset left by a failed upload is deleted;
 //!    a missing one is uploaded;
-//! 4. publish the draft.
+//! 4. every file is checked again against the release's assets by digest.
 //!
-//! Every call is retried with backoff on 5xx, 429 and rate limits, and on transport errors.
+//! [`undraft`] (`cargo xtask publish undraft <dist-dir>`): the assets checked once more, then
+//! the release out of draft. Both are safe to re-run.
+//!
+//! Every call is retried under [`Policy::NETWORK`] (`retry.rs`) on 5xx, 429 and rate limits,
+//! and on transport errors.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, format_err, Context};
+use http_body_util::BodyExt;
 use octocrab::models::repos::{Asset, Object, Release};
 use octocrab::params::repos::Reference;
 use octocrab::Octocrab;
 
+use crate::checksums::{sha256_file, Manifest};
 use crate::env;
+use crate::ledger::{Place, Published};
 use crate::phase::fmt_duration;
-use crate::release::checksums::{sha256_file, Manifest};
-use crate::release::ledger::{Place, Published};
-use crate::release::verify::Source;
+use crate::retry::Policy;
 use crate::Workspace;
 
 /// Where and how to talk to GitHub.
@@ -34,9 +40,7 @@ pub struct Target {
     pub api_url: String,
     pub owner: String,
     pub repo: String,
-    /// First retry delay; doubles each time.
-    pub backoff: Duration,
-    pub attempts: u32,
+    pub retry: Policy,
 }
 
 impl Target {
@@ -47,19 +51,13 @@ impl Target {
                 .unwrap_or_else(|| "https://api.github.com".to_owned()),
             owner: owner.to_owned(),
             repo: repo.to_owned(),
-            backoff: Duration::from_secs(2),
-            attempts: 5,
+            retry: Policy::NETWORK,
         }
     }
 }
 
-pub fn publish(
-    ws: &Workspace,
-    source: &Source,
-    dist: &Path,
-    manifest: &Manifest,
-) -> anyhow::Result<Published> {
-    let token = env::var(env::GITHUB_TOKEN).ok_or_else(|| {
+fn token(ws: &Workspace) -> anyhow::Result<String> {
+    env::var(env::GITHUB_TOKEN).ok_or_else(|| {
         format_err!(
             "{} is not set: publishing needs a token that may write releases of {} (a fine-grained \
              token with `Contents: write`, or `permissions: contents: write` in GitHub Actions). \
@@ -67,44 +65,66 @@ pub fn publish(
             env::GITHUB_TOKEN,
             ws.config.github.repository
         )
-    })?;
-    let files: Vec<_> = manifest.upload_files.iter().map(|f| dist.join(f)).collect();
-    publish_files(
-        &Target::from_env(ws),
-        &token,
-        &source.tag,
-        &source.commit,
-        &files,
-    )
+    })
 }
 
-/// Publishes `files` as the assets of the release of `tag`, which must be `commit` on GitHub.
-pub fn publish_files(
+/// Step 1 of publishing (see `xtask/README.md`): the draft release of the tag with every
+/// upload file of `dist`, verified by digest.
+pub fn draft(
+    ws: &Workspace,
+    tag: &str,
+    commit: &str,
+    dist: &Path,
+    manifest: &Manifest,
+) -> anyhow::Result<Published> {
+    let files: Vec<_> = manifest.upload_files.iter().map(|f| dist.join(f)).collect();
+    draft_files(&Target::from_env(ws), &token(ws)?, tag, commit, &files)
+}
+
+/// Step 3 of publishing: the release of the tag out of draft, once its assets are checked
+/// again against `dist`.
+pub fn undraft(
+    ws: &Workspace,
+    tag: &str,
+    dist: &Path,
+    manifest: &Manifest,
+) -> anyhow::Result<Place> {
+    let files: Vec<_> = manifest.upload_files.iter().map(|f| dist.join(f)).collect();
+    undraft_files(&Target::from_env(ws), &token(ws)?, tag, &files)
+}
+
+/// Drafts the release of `tag` (which must be `commit` on GitHub) with `files` as its assets.
+pub fn draft_files(
     target: &Target,
     token: &str,
     tag: &str,
     commit: &str,
     files: &[impl AsRef<Path>],
 ) -> anyhow::Result<Published> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let crab = Octocrab::builder()
-            .personal_token(token.to_owned())
-            .base_uri(target.api_url.as_str())
-            .with_context(|| {
-                format!(
-                    "{} = {:?} is not a URL",
-                    env::GITHUB_API_URL,
-                    target.api_url
-                )
-            })?
-            .set_connect_timeout(Some(Duration::from_secs(30)))
-            .set_read_timeout(Some(Duration::from_secs(300)))
-            .build()?;
-        Publisher { crab, target }.run(tag, commit, files).await
-    })
+    let (rt, publisher) = Publisher::connect(target, Some(token))?;
+    rt.block_on(publisher.draft(tag, commit, files))
+}
+
+/// Takes the release of `tag` out of draft once its assets are `files`, by digest.
+pub fn undraft_files(
+    target: &Target,
+    token: &str,
+    tag: &str,
+    files: &[impl AsRef<Path>],
+) -> anyhow::Result<Place> {
+    let (rt, publisher) = Publisher::connect(target, Some(token))?;
+    rt.block_on(publisher.undraft(tag, files))
+}
+
+/// Downloads every uploaded asset of the release of `tag` from its public download URL, with a
+/// progress line a file (`token`: for a private repository). No release: nothing.
+pub fn download_assets(
+    target: &Target,
+    token: Option<&str>,
+    tag: &str,
+) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+    let (rt, publisher) = Publisher::connect(target, token)?;
+    rt.block_on(publisher.download(tag))
 }
 
 struct Publisher<'a> {
@@ -112,108 +132,84 @@ struct Publisher<'a> {
     target: &'a Target,
 }
 
-impl Publisher<'_> {
-    async fn run(
+/// What became of one file.
+enum AssetOutcome {
+    Uploaded,
+    Identical,
+}
+
+impl<'a> Publisher<'a> {
+    fn connect(
+        target: &'a Target,
+        token: Option<&str>,
+    ) -> anyhow::Result<(tokio::runtime::Runtime, Self)> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        // octocrab's client needs the runtime entered while it is built.
+        let crab = {
+            let _entered = rt.enter();
+            let mut builder = Octocrab::builder();
+            if let Some(token) = token {
+                builder = builder.personal_token(token.to_owned());
+            }
+            builder
+                .base_uri(target.api_url.as_str())
+                .with_context(|| {
+                    format!(
+                        "{} = {:?} is not a URL",
+                        env::GITHUB_API_URL,
+                        target.api_url
+                    )
+                })?
+                .set_connect_timeout(Some(Duration::from_secs(30)))
+                .set_read_timeout(Some(Duration::from_secs(300)))
+                .build()?
+        };
+        Ok((rt, Publisher { crab, target }))
+    }
+
+    async fn draft(
         &self,
         tag: &str,
         commit: &str,
         files: &[impl AsRef<Path>],
     ) -> anyhow::Result<Published> {
         self.check_tag(tag, commit).await?;
-        let mut release = match self.find_release(tag).await? {
-            Some(r) => {
-                eprintln!(
-                    "    release {tag} exists (id {}, {})",
-                    r.id,
-                    if r.draft { "draft" } else { "published" }
-                );
-                r
-            }
-            None => {
-                eprintln!("    creating draft release {tag}");
-                let (o, r) = (&self.target.owner, &self.target.repo);
-                self.retry("create release", || async {
-                    self.crab
-                        .repos(o, r)
-                        .releases()
-                        .create(tag)
-                        .target_commitish(commit)
-                        .name(tag)
-                        .body(&format!("Release {tag}. SHA256 sums: `sha256.sum`; build record: `dist-manifest.json`."))
-                        .draft(true)
-                        .send()
-                        .await
-                })
-                .await?
-            }
-        };
-
+        let release = self.find_or_create_draft(tag, commit).await?;
         let mut uploaded = Vec::new();
         let mut identical = Vec::new();
         for file in files {
             let path = file.as_ref();
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| format_err!("bad file {path:?}"))?;
-            let (sha, size) = sha256_file(path)?;
-            let assets = self.assets(release.id.into_inner()).await?;
-            match assets.iter().find(|a| a.name == name) {
-                Some(a) if a.state == "uploaded" => {
-                    let theirs = a.digest.as_deref().and_then(|d| d.strip_prefix("sha256:"));
-                    match theirs {
-                        Some(d) if d == sha => {
-                            eprintln!("    {name}: already on the release, identical");
-                            identical.push(name.to_owned());
-                            continue;
-                        }
-                        Some(d) => bail!(
-                            "release {tag} already has {name} with sha256 {d}, but ours is {sha}: \
-                             not overwriting. The release holds other bytes under this name; if \
-                             they are wrong, delete the asset on GitHub by hand and re-run (an \
-                             immutable release cannot change: cut a .postN release instead)."
-                        ),
-                        None => bail!(
-                            "release {tag} has {name} but GitHub reports no digest for it: \
-                             compare it by hand with sha256 {sha}, delete it if it differs, re-run"
-                        ),
-                    }
-                }
-                Some(a) => {
-                    eprintln!(
-                        "    {name}: removing an incomplete upload (state {})",
-                        a.state
-                    );
-                    let id = a.id.into_inner();
-                    let (o, r) = (&self.target.owner, &self.target.repo);
-                    self.retry("delete incomplete asset", || async {
-                        self.crab.repos(o, r).release_assets().delete(id).await
-                    })
-                    .await?;
-                }
-                None => {}
-            }
-            if !release.draft && release.immutable == Some(true) {
-                bail!(
-                    "release {tag} is published and immutable but lacks {name}: assets can no \
-                     longer be added. Cut a .postN release."
-                );
-            }
-            let asset = self
-                .upload(release.id.into_inner(), name, path, size)
-                .await?;
-            match asset
-                .digest
-                .as_deref()
-                .and_then(|d| d.strip_prefix("sha256:"))
-            {
-                Some(d) if d != sha => bail!(
-                    "GitHub stored {name} with sha256 {d}, we sent {sha}: the upload was corrupted"
-                ),
-                _ => uploaded.push(name.to_owned()),
+            let name = asset_name(path)?;
+            match self.put_asset(&release, tag, name, path).await? {
+                AssetOutcome::Uploaded => uploaded.push(name.to_owned()),
+                AssetOutcome::Identical => identical.push(name.to_owned()),
             }
         }
+        self.verify_assets(release.id.into_inner(), tag, files)
+            .await?;
+        Ok(Published {
+            place: Place {
+                name: "GitHub Releases".to_owned(),
+                url: release.html_url.to_string(),
+            },
+            uploaded,
+            identical,
+        })
+    }
 
+    async fn undraft(&self, tag: &str, files: &[impl AsRef<Path>]) -> anyhow::Result<Place> {
+        let Some(mut release) = self.find_release(tag).await? else {
+            bail!(
+                "there is no release {tag} on GitHub ({}/{}) to publish: run `cargo xtask publish \
+                 github <dist-dir>` first",
+                self.target.owner,
+                self.target.repo
+            );
+        };
+        self.verify_assets(release.id.into_inner(), tag, files)
+            .await?;
         if release.draft {
             let id = release.id.into_inner();
             let (o, r) = (&self.target.owner, &self.target.repo);
@@ -229,15 +225,153 @@ impl Publisher<'_> {
                 })
                 .await?;
             eprintln!("    published release {tag}");
+        } else {
+            eprintln!("    release {tag} is already published");
         }
-        Ok(Published {
-            place: Place {
-                name: "GitHub Releases".to_owned(),
-                url: release.html_url.to_string(),
-            },
-            uploaded,
-            identical,
+        Ok(Place {
+            name: "GitHub Releases".to_owned(),
+            url: release.html_url.to_string(),
         })
+    }
+
+    async fn download(&self, tag: &str) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
+        let mut out = BTreeMap::new();
+        let Some(release) = self.find_release(tag).await? else {
+            eprintln!(
+                "    [GitHub] no release {tag} on {}/{}",
+                self.target.owner, self.target.repo
+            );
+            return Ok(out);
+        };
+        for a in self.assets(release.id.into_inner()).await? {
+            if a.state != "uploaded" {
+                continue;
+            }
+            let started = Instant::now();
+            let url = a.browser_download_url.to_string();
+            let (status, body) = self
+                .retry("download asset", || async {
+                    let resp = self.crab._get(url.as_str()).await?;
+                    let status = resp.status().as_u16();
+                    let body = resp.into_body().collect().await?.to_bytes();
+                    Ok((status, body))
+                })
+                .await?;
+            if status != 200 {
+                eprintln!("    [GitHub] {}: HTTP {status} from {url}", a.name);
+                continue;
+            }
+            eprintln!(
+                "    [GitHub] {}: {} bytes in {}",
+                a.name,
+                body.len(),
+                fmt_duration(started.elapsed())
+            );
+            out.insert(a.name.clone(), body.to_vec());
+        }
+        Ok(out)
+    }
+
+    async fn find_or_create_draft(&self, tag: &str, commit: &str) -> anyhow::Result<Release> {
+        if let Some(r) = self.find_release(tag).await? {
+            eprintln!(
+                "    release {tag} exists (id {}, {})",
+                r.id,
+                if r.draft { "draft" } else { "published" }
+            );
+            return Ok(r);
+        }
+        eprintln!("    creating draft release {tag}");
+        let (o, r) = (&self.target.owner, &self.target.repo);
+        self.retry("create release", || async {
+            self.crab
+                .repos(o, r)
+                .releases()
+                .create(tag)
+                .target_commitish(commit)
+                .name(tag)
+                .body(&format!(
+                    "Release {tag}. SHA256 sums: `sha256.sum`; build record: `dist-manifest.json`."
+                ))
+                .draft(true)
+                .send()
+                .await
+        })
+        .await
+    }
+
+    /// One file onto the release: identical -> skip; other digest -> stop; incomplete upload ->
+    /// delete and upload; missing -> upload.
+    async fn put_asset(
+        &self,
+        release: &Release,
+        tag: &str,
+        name: &str,
+        path: &Path,
+    ) -> anyhow::Result<AssetOutcome> {
+        let (sha, size) = sha256_file(path)?;
+        let assets = self.assets(release.id.into_inner()).await?;
+        match assets.iter().find(|a| a.name == name) {
+            Some(a) if a.state == "uploaded" => {
+                compare_asset(tag, a, &sha)?;
+                eprintln!("    {name}: already on the release, identical");
+                return Ok(AssetOutcome::Identical);
+            }
+            Some(_) => {
+                self.remove_incomplete(release.id.into_inner(), name)
+                    .await?
+            }
+            None => {}
+        }
+        if !release.draft && release.immutable == Some(true) {
+            bail!(
+                "release {tag} is published and immutable but lacks {name}: assets can no \
+                 longer be added. Cut a .postN release."
+            );
+        }
+        let asset = self
+            .upload(release.id.into_inner(), name, path, size)
+            .await?;
+        match asset
+            .digest
+            .as_deref()
+            .and_then(|d| d.strip_prefix("sha256:"))
+        {
+            Some(d) if d != sha => bail!(
+                "GitHub stored {name} with sha256 {d}, we sent {sha}: the upload was corrupted"
+            ),
+            _ => Ok(AssetOutcome::Uploaded),
+        }
+    }
+
+    /// Every file is on the release, uploaded, with our digest.
+    async fn verify_assets(
+        &self,
+        release_id: u64,
+        tag: &str,
+        files: &[impl AsRef<Path>],
+    ) -> anyhow::Result<()> {
+        let assets = self.assets(release_id).await?;
+        for file in files {
+            let path = file.as_ref();
+            let name = asset_name(path)?;
+            let (sha, _) = sha256_file(path)?;
+            match assets
+                .iter()
+                .find(|a| a.name == name && a.state == "uploaded")
+            {
+                Some(a) => compare_asset(tag, a, &sha)?,
+                None => bail!(
+                    "release {tag} lacks {name}: run `cargo xtask publish github <dist-dir>` \
+                     to upload it"
+                ),
+            }
+        }
+        eprintln!(
+            "    release {tag}: {} assets verified by digest",
+            files.len()
+        );
+        Ok(())
     }
 
     /// The tag exists on GitHub and names our commit (through an annotated tag object too).
@@ -340,45 +474,64 @@ impl Publisher<'_> {
     ) -> anyhow::Result<Asset> {
         let bytes = bytes::Bytes::from(std::fs::read(path)?);
         let (o, r) = (&self.target.owner, &self.target.repo);
-        let mut delay = self.target.backoff;
-        for attempt in 1..=self.target.attempts {
-            eprint!("    {name}: uploading {size} bytes (attempt {attempt})… ");
-            let started = Instant::now();
-            let result = self
-                .crab
-                .repos(o, r)
-                .releases()
-                .upload_asset(release_id, name, bytes.clone())
-                .send()
-                .await;
-            match result {
-                Ok(asset) => {
-                    let t = started.elapsed();
-                    let rate = size as f64 / t.as_secs_f64().max(1e-6) / 1e6;
-                    eprintln!("done in {} ({rate:.1} MB/s)", fmt_duration(t));
-                    return Ok(asset);
+        let what = format!("upload {name}");
+        let attempt = |attempt: u32| {
+            let bytes = bytes.clone();
+            async move {
+                if attempt > 1 {
+                    self.remove_incomplete(release_id, name).await?;
                 }
-                Err(e) if transient(&e) && attempt < self.target.attempts => {
-                    eprintln!("{}; retrying in {}", short(&e), fmt_duration(delay));
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                    for a in self.assets(release_id).await? {
-                        if a.name == name && a.state != "uploaded" {
-                            let id = a.id.into_inner();
-                            self.retry("delete incomplete asset", || async {
-                                self.crab.repos(o, r).release_assets().delete(id).await
-                            })
-                            .await?;
-                        }
-                    }
-                }
-                Err(e) => {
-                    eprintln!("failed");
-                    return Err(describe(e, &format!("upload {name}")));
-                }
+                eprint!("    {name}: uploading {size} bytes (attempt {attempt})… ");
+                let started = Instant::now();
+                let sent = self
+                    .crab
+                    .repos(o, r)
+                    .releases()
+                    .upload_asset(release_id, name, bytes)
+                    .send()
+                    .await;
+                let asset = sent.map_err(|e| {
+                    eprintln!("failed: {}", short(&e));
+                    anyhow::Error::new(e)
+                })?;
+                let t = started.elapsed();
+                let rate = size as f64 / t.as_secs_f64().max(1e-6) / 1e6;
+                eprintln!("done in {} ({rate:.1} MB/s)", fmt_duration(t));
+                Ok(asset)
+            }
+        };
+        let transient_octocrab = |e: &anyhow::Error| {
+            e.downcast_ref::<octocrab::Error>()
+                .filter(|e| transient(e))
+                .map(short)
+        };
+        self.target
+            .retry
+            .run(&what, attempt, transient_octocrab)
+            .await
+            .map_err(|e| match e.downcast::<octocrab::Error>() {
+                Ok(e) => describe(e, &what),
+                Err(e) => e,
+            })
+    }
+
+    /// Deletes the `starter` asset a failed upload of `name` left behind, if any.
+    async fn remove_incomplete(&self, release_id: u64, name: &str) -> anyhow::Result<()> {
+        let (o, r) = (&self.target.owner, &self.target.repo);
+        for a in self.assets(release_id).await? {
+            if a.name == name && a.state != "uploaded" {
+                eprintln!(
+                    "    {name}: removing an incomplete upload (state {})",
+                    a.state
+                );
+                let id = a.id.into_inner();
+                self.retry("delete incomplete asset", || async {
+                    self.crab.repos(o, r).release_assets().delete(id).await
+                })
+                .await?;
             }
         }
-        unreachable!("the last attempt returns")
+        Ok(())
     }
 
     async fn retry<T, F, Fut>(&self, what: &str, f: F) -> anyhow::Result<T>
@@ -394,23 +547,35 @@ impl Publisher<'_> {
         F: FnMut() -> Fut,
         Fut: Future<Output = octocrab::Result<T>>,
     {
-        let mut delay = self.target.backoff;
-        let mut attempt = 1;
-        loop {
-            match f().await {
-                Err(e) if transient(&e) && attempt < self.target.attempts => {
-                    eprintln!(
-                        "    {what}: {}; retrying in {}",
-                        short(&e),
-                        fmt_duration(delay)
-                    );
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                    attempt += 1;
-                }
-                other => return other,
-            }
-        }
+        let transient_octocrab = |e: &octocrab::Error| transient(e).then(|| short(e));
+        self.target
+            .retry
+            .run(what, |_| f(), transient_octocrab)
+            .await
+    }
+}
+
+fn asset_name(path: &Path) -> anyhow::Result<&str> {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format_err!("{} is not a file name an asset can have", path.display()))
+}
+
+/// An uploaded asset has our sha256, or the release stops: never clobbered.
+fn compare_asset(tag: &str, a: &Asset, sha: &str) -> anyhow::Result<()> {
+    let name = &a.name;
+    match a.digest.as_deref().and_then(|d| d.strip_prefix("sha256:")) {
+        Some(d) if d == sha => Ok(()),
+        Some(d) => bail!(
+            "release {tag} already has {name} with sha256 {d}, but ours is {sha}: \
+             not overwriting. The release holds other bytes under this name; if \
+             they are wrong, delete the asset on GitHub by hand and re-run (an \
+             immutable release cannot change: cut a .postN release instead)."
+        ),
+        None => bail!(
+            "release {tag} has {name} but GitHub reports no digest for it: \
+             compare it by hand with sha256 {sha}, delete it if it differs, re-run"
+        ),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use xtask::release::pypi::{Credentials, Index};
+use xtask::release::pypi::{publish_files, read_upload, runtime, Credentials, Index, Upload};
 
 pub struct Devpi {
     pub dir: PathBuf,
@@ -75,10 +75,57 @@ impl Devpi {
         }
     }
 
+    /// Uploads stand-in artifacts of `standin-dist` to `index`, as a publisher would.
+    pub fn upload_standin(&self, index: &Index, uploads: &[Upload]) {
+        runtime()
+            .unwrap()
+            .block_on(publish_files(
+                index,
+                &self.credentials(),
+                "standin-dist",
+                uploads,
+            ))
+            .unwrap();
+    }
+
     pub fn credentials(&self) -> Credentials {
         Credentials {
             username: self.user.clone(),
             password: self.password.clone(),
         }
     }
+}
+
+/// A stand-in wheel and sdist of `standin-dist` 0.1.0; `variant` changes their bytes.
+pub fn standin_artifacts(dir: &Path, variant: &str) -> Vec<Upload> {
+    std::fs::create_dir_all(dir).unwrap();
+    let script = r#"
+import io, sys, tarfile, zipfile
+out, variant = sys.argv[1], sys.argv[2]
+meta = "Metadata-Version: 2.4\nName: standin-dist\nVersion: 0.1.0\nSummary: stand-in for the release tests\nRequires-Python: >=3.9\nClassifier: Programming Language :: Python :: 3\nClassifier: Typing :: Typed\n\nLong description.\n"
+with zipfile.ZipFile(out + "/standin_dist-0.1.0-py3-none-any.whl", "w") as z:
+    z.writestr(zipfile.ZipInfo("standin/__init__.py", (1980, 1, 1, 0, 0, 0)), "VARIANT = %r\n" % variant)
+    z.writestr(zipfile.ZipInfo("standin_dist-0.1.0.dist-info/METADATA", (1980, 1, 1, 0, 0, 0)), meta)
+    z.writestr(zipfile.ZipInfo("standin_dist-0.1.0.dist-info/WHEEL", (1980, 1, 1, 0, 0, 0)), "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    z.writestr(zipfile.ZipInfo("standin_dist-0.1.0.dist-info/RECORD", (1980, 1, 1, 0, 0, 0)), "")
+with tarfile.open(out + "/standin_dist-0.1.0.tar.gz", "w:gz") as t:
+    for name, data in [("standin_dist-0.1.0/PKG-INFO", meta), ("standin_dist-0.1.0/standin/__init__.py", "VARIANT = %r\n" % variant)]:
+        info = tarfile.TarInfo(name); b = data.encode(); info.size = len(b); info.mtime = 0
+        t.addfile(info, io.BytesIO(b))
+"#;
+    let ok = Command::new("python3")
+        .args(["-c", script])
+        .arg(dir)
+        .arg(variant)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let sh = xshell::Shell::new().unwrap();
+    [
+        "standin_dist-0.1.0-py3-none-any.whl",
+        "standin_dist-0.1.0.tar.gz",
+    ]
+    .iter()
+    .map(|n| read_upload(&sh, &devpi_venv(), &dir.join(n)).unwrap())
+    .collect()
 }

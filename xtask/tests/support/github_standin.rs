@@ -123,6 +123,28 @@ impl GitHubStandin {
         id
     }
 
+    /// Replaces the bytes of an asset of `tag`'s release, or (`None`) removes it.
+    pub fn tamper(&self, tag: &str, name: &str, bytes: Option<&[u8]>) {
+        let mut s = self.state.lock().unwrap();
+        let r = s.releases.iter_mut().find(|r| r.tag == tag).unwrap();
+        match bytes {
+            Some(b) => {
+                if let Some(a) = r.assets.iter_mut().find(|a| a.name == name) {
+                    a.bytes = b.to_vec();
+                } else {
+                    let id = 9000 + r.assets.len() as u64;
+                    r.assets.push(StandinAsset {
+                        id,
+                        name: name.to_owned(),
+                        bytes: b.to_vec(),
+                        state: "uploaded",
+                    });
+                }
+            }
+            None => r.assets.retain(|a| a.name != name),
+        }
+    }
+
     pub fn fault(&self, fault: Fault) {
         self.state.lock().unwrap().faults.push(fault);
     }
@@ -219,6 +241,17 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>, spec: &Spec, base: &str) {
     if let Some(a) = req.headers.get("authorization") {
         s.auth.push(a.clone());
     }
+    if let Some(bytes) = download(&mut s, &req) {
+        drop(s);
+        let head = format!(
+            "HTTP/1.1 {} X\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            if bytes.is_some() { 200 } else { 404 },
+            bytes.as_ref().map_or(0, Vec::len)
+        );
+        let _ = stream.write_all(head.as_bytes());
+        let _ = stream.write_all(&bytes.unwrap_or_default());
+        return;
+    }
     let op = spec.operation(&req.method, &req.path);
     match &op {
         Ok(op) => {
@@ -253,6 +286,32 @@ fn serve(mut stream: TcpStream, state: &Mutex<State>, spec: &Spec, base: &str) {
     );
     let _ = stream.write_all(head.as_bytes());
     let _ = stream.write_all(&body);
+}
+
+/// `GET /<owner>/<repo>/releases/download/<tag>/<name>`, the public download of an asset
+/// (not part of the REST API, so not checked against its description): `Some(None)` is a 404,
+/// as github.com answers for a draft's asset without a login.
+fn download(s: &mut State, req: &Request) -> Option<Option<Vec<u8>>> {
+    let segs: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+    let [_, _, "releases", "download", tag, name] = segs[..] else {
+        return None;
+    };
+    if req.method != "GET" {
+        return None;
+    }
+    let bytes = s
+        .releases
+        .iter()
+        .filter(|r| r.tag == tag && !r.draft)
+        .flat_map(|r| &r.assets)
+        .find(|a| a.name == name && a.state == "uploaded")
+        .map(|a| a.bytes.clone());
+    s.log.push(format!(
+        "GET {} -> {}",
+        req.path,
+        if bytes.is_some() { 200 } else { 404 }
+    ));
+    Some(bytes)
 }
 
 /// A loopback server answering every request with `handler`; returns its base URL.
@@ -403,7 +462,12 @@ fn handle(s: &mut State, req: &Request, base: &str) -> (u16, Option<Vec<u8>>) {
             match s.releases.iter().find(|r| r.id.to_string() == *id) {
                 Some(r) => ok(
                     200,
-                    Value::Array(r.assets.iter().map(|a| asset_json(&repo_url, a)).collect()),
+                    Value::Array(
+                        r.assets
+                            .iter()
+                            .map(|a| asset_json(&repo_url, &r.tag, a))
+                            .collect(),
+                    ),
                 ),
                 None => error(404, "Not Found"),
             }
@@ -423,7 +487,7 @@ fn handle(s: &mut State, req: &Request, base: &str) -> (u16, Option<Vec<u8>>) {
                 bytes: req.body.clone(),
                 state: "uploaded",
             };
-            let v = asset_json(&repo_url, &a);
+            let v = asset_json(&repo_url, &r.tag, &a);
             r.assets.push(a);
             ok(201, v)
         }
@@ -472,7 +536,7 @@ fn git_ref(repo_url: &str, tag: &str, kind: &str, sha: &str) -> Value {
     })
 }
 
-fn asset_json(repo_url: &str, a: &StandinAsset) -> Value {
+fn asset_json(repo_url: &str, tag: &str, a: &StandinAsset) -> Value {
     let digest = (a.state == "uploaded").then(|| {
         let h: String = Sha256::digest(&a.bytes)
             .iter()
@@ -483,7 +547,12 @@ fn asset_json(repo_url: &str, a: &StandinAsset) -> Value {
     let base = repo_url.split("/repos/").next().unwrap();
     json!({
         "url": format!("{repo_url}/releases/assets/{}", a.id),
-        "browser_download_url": format!("{repo_url}/releases/download/{}", a.name),
+        // As on github.com: outside the API, `/<owner>/<repo>/releases/download/<tag>/<name>`.
+        "browser_download_url": format!(
+            "{}/releases/download/{tag}/{}",
+            repo_url.replacen("/repos/", "/", 1),
+            a.name
+        ),
         "id": a.id, "node_id": format!("RA_{}", a.id), "name": a.name, "label": null, "state": a.state,
         "content_type": "application/octet-stream", "size": a.bytes.len(), "digest": digest,
         "download_count": 0, "created_at": "2023-11-14T22:13:20Z", "updated_at": "2023-11-14T22:13:20Z",
@@ -502,6 +571,6 @@ fn release_json(repo_url: &str, base: &str, r: &StandinRelease) -> Value {
         "name": r.tag, "body": "", "draft": r.draft, "prerelease": false, "immutable": r.immutable,
         "created_at": "2023-11-14T22:13:20Z", "published_at": if r.draft { Value::Null } else { json!("2023-11-14T22:13:20Z") },
         "author": user(base),
-        "assets": r.assets.iter().map(|a| asset_json(repo_url, a)).collect::<Vec<_>>(),
+        "assets": r.assets.iter().map(|a| asset_json(repo_url, &r.tag, a)).collect::<Vec<_>>(),
     })
 }

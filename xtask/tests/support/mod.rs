@@ -15,6 +15,20 @@ use std::process::{Command, Output};
 /// The repository's own release.toml: fixtures use the real configuration.
 pub const RELEASE_TOML: &str = include_str!("../../../release.toml");
 
+/// release.toml naming the stand-ins' project (`standin-dist`, see `devpi::standin_artifacts`)
+/// and GitHub repository (`o/r`).
+pub fn standin_release_toml() -> String {
+    RELEASE_TOML
+        .replace(
+            "distribution = \"mooncake-transfer-engine-musa\"",
+            "distribution = \"standin-dist\"",
+        )
+        .replace(
+            "repository = \"mooncake-musa/transfer-engine-rs\"",
+            "repository = \"o/r\"",
+        )
+}
+
 pub struct Fixture {
     pub dir: PathBuf,
 }

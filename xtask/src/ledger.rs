@@ -8,11 +8,11 @@ use std::fs;
 
 use anyhow::Context;
 
-use crate::release::checksums::Manifest;
-use crate::release::verify::Source;
+use crate::checksums::Manifest;
+use crate::source::Source;
 use crate::Workspace;
 
-pub const LEDGER: &str = "RELEASES.md";
+pub use crate::LEDGER;
 
 const HEADER: &str = "\
 # Releases
@@ -109,15 +109,7 @@ pub fn entry(ws: &Workspace, source: &Source, manifest: &Manifest, places: &[Pla
 /// The places an existing entry names (`- Published: NAME <URL>`), so that a later phase
 /// (`cargo xtask images`) can rewrite the entry without forgetting them.
 pub fn places_in(ledger: &str, tag: &str) -> Vec<Place> {
-    let open = format!("<!-- release {tag} -->\n");
-    let close = format!("<!-- /release {tag} -->\n");
-    let Some(start) = ledger.find(&open) else {
-        return Vec::new();
-    };
-    let Some(len) = ledger[start..].find(&close) else {
-        return Vec::new();
-    };
-    ledger[start..start + len]
+    entry_of(ledger, tag)
         .lines()
         .filter_map(|l| l.strip_prefix("- Published: "))
         .filter_map(|l| {
@@ -128,6 +120,41 @@ pub fn places_in(ledger: &str, tag: &str) -> Vec<Place> {
             })
         })
         .collect()
+}
+
+/// The artifacts an entry records: file name -> sha256 (`| `NAME` | BYTES | `SHA256` |`).
+pub fn artifacts_in(ledger: &str, tag: &str) -> std::collections::BTreeMap<String, String> {
+    entry_of(ledger, tag)
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l
+                .trim()
+                .strip_prefix('|')?
+                .strip_suffix('|')?
+                .split('|')
+                .collect();
+            let [name, _bytes, sha] = cells[..] else {
+                return None;
+            };
+            let name = name.trim().strip_prefix('`')?.strip_suffix('`')?;
+            let sha = sha.trim().strip_prefix('`')?.strip_suffix('`')?;
+            (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| (name.to_owned(), sha.to_owned()))
+        })
+        .collect()
+}
+
+/// The text of `tag`'s entry, empty when there is none.
+fn entry_of<'a>(ledger: &'a str, tag: &str) -> &'a str {
+    let open = format!("<!-- release {tag} -->\n");
+    let close = format!("<!-- /release {tag} -->\n");
+    let Some(start) = ledger.find(&open) else {
+        return "";
+    };
+    match ledger[start..].find(&close) {
+        Some(len) => &ledger[start..start + len],
+        None => "",
+    }
 }
 
 /// Writes or replaces the entry; returns whether the file changed.
@@ -201,10 +228,10 @@ mod tests {
 
     #[test]
     fn an_entry_lists_places_artifacts_and_images_and_keeps_its_places_on_rewrite() {
-        use crate::release::checksums::ManifestImage;
+        use crate::checksums::ManifestImage;
         let ws = Workspace {
             root: std::path::PathBuf::from("/nonexistent"),
-            config: crate::ReleaseConfig::parse(include_str!("../../../release.toml")).unwrap(),
+            config: crate::ReleaseConfig::parse(include_str!("../../release.toml")).unwrap(),
         };
         let source = Source {
             tag: "v0.1.0".into(),

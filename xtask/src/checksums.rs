@@ -16,7 +16,7 @@ use anyhow::{bail, format_err, Context};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::images::reference::ImageRef;
+use crate::image_reference::ImageRef;
 
 pub const SUMS: &str = "sha256.sum";
 pub const MANIFEST: &str = "dist-manifest.json";
