@@ -1,6 +1,12 @@
 //! `check-baseline` against synthetic host roots (etc/os-release, the MUSA version file) and a
 //! stand-in interpreter that reports Python, glibc and PyTorch versions.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod support;
 
 use std::os::unix::fs::PermissionsExt;

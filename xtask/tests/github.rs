@@ -3,6 +3,12 @@
 //! re-runs with all, some and none of the assets, a digest mismatch, a 502 then success, tags
 //! GitHub does not have, and an undraft that finds the assets changed.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod support;
 
 use std::path::PathBuf;

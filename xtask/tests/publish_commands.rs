@@ -7,6 +7,12 @@
 //! changes nothing; other bytes under a published name stop every step; a release directory
 //! that does not match its `sha256.sum` is refused before anything is asked.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod support;
 
 use std::collections::BTreeMap;

@@ -2,6 +2,12 @@
 //! wheels and sdists: first publish, identical re-publish skips, a changed wheel under the same
 //! name is refused with nothing half-uploaded, bad credentials are refused without showing them.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod support;
 
 use std::process::Command;

@@ -11,6 +11,12 @@
 //! Source: `$XTASK_REPRO_SOURCE` (a git repository, default this workspace) at HEAD; tag
 //! `$XTASK_REPRO_TAG` (default `v<workspace version>`), made in the clones if missing.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod support;
 
 use std::path::{Path, PathBuf};

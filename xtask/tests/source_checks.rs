@@ -1,6 +1,12 @@
 //! `release <tag>` refuses, before anything is built, a source that is not the tag: each test
 //! makes a real git repository and runs the xtask binary on it.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod support;
 
 use support::Fixture;

@@ -1,6 +1,12 @@
 //! PyPI trusted publishing (OIDC) against a loopback stand-in that plays both GitHub's ID-token
 //! endpoint and the index's `/_/oidc/*` routes, as PyPI answers them.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod support;
 
 use support::github_standin::serve_fn;

@@ -2,6 +2,12 @@
 //! release published in both places is identical everywhere; a tampered asset, a missing one
 //! and a tampered ledger are each named, per file and place, and fail the command.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod support;
 
 use std::path::Path;
