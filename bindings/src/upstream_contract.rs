@@ -346,8 +346,8 @@ pub fn batch_requests(
 impl Drop for ContractEngine {
     fn drop(&mut self) {
         // Managed memory goes back only once no engine can touch it: batches of this object
-        // skip what they have not sent, the server stops serving the chunks (unregister
-        // waits for accesses in flight), and the engine's connection threads are joined
+        // are drained (connections carrying them cut), and unregister cuts the peers' accesses
+        // in flight and returns once they let go. The engine's connection threads are joined
         // when the last handle to it goes (a `get_engine()` holder may keep it longer).
         self.batches.cancel_all();
         let mappings = self.managed.get_mut().take_mappings();
