@@ -93,6 +93,8 @@ pub struct Config {
     pub use_ipv6: bool,
     /// `MC_LOG_LEVEL`.
     pub log_level: LogLevel,
+    /// `MC_METADATA_CLUSTER_ID`: metadata store keys are `mooncake/<id>/...` (empty: `mooncake/...`).
+    pub metadata_cluster_id: String,
     /// `MC_HANDSHAKE_SERVER_TIMEOUT` (ours, seconds): a handshake request must
     /// arrive whole, and its reply leave, within this; then the connection is closed.
     pub handshake_server_timeout: Duration,
@@ -139,6 +141,7 @@ impl Default for Config {
             tcp_bind_address: None,
             use_ipv6: false,
             log_level: LogLevel::Info,
+            metadata_cluster_id: String::new(),
             handshake_server_timeout: Duration::from_secs(5),
             handshake_max_connections: 128,
             handshake_max_connections_per_ip: 32,
@@ -280,6 +283,9 @@ impl Config {
             c.tcp_bind_address = Some(ip);
         }
         c.use_ipv6 = env.flag("MC_USE_IPV6")?;
+        if let Some(id) = get("MC_METADATA_CLUSTER_ID") {
+            c.metadata_cluster_id = id;
+        }
         Self::read_bounds(&env, &mut c)?;
         if let Some(v) = get("MC_LOG_LEVEL") {
             c.log_level = match v.trim().to_ascii_uppercase().as_str() {
