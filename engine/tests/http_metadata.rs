@@ -10,14 +10,14 @@
 )]
 
 mod common;
+mod meta_common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{fnv, pattern, wait_for, Buf};
+use meta_common::{engine_in, name, read, spawn_child};
 use transfer_engine::metadata::http_server::{HttpMetadataServer, ServerOptions};
 use transfer_engine::{Config, Notify, OpCode, Request, TransferEngine};
 
@@ -30,24 +30,6 @@ fn no_sweep() -> ServerOptions {
         liveness_interval: None,
         ..ServerOptions::default()
     }
-}
-
-/// A segment name unique within this test binary (the port part is only a name here).
-fn name() -> String {
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "127.0.0.1:{}",
-        30000 + u32::from(n) + 100 * (std::process::id() % 300)
-    )
-}
-
-fn engine_in(name: &str, url: &str, cluster: &str) -> TransferEngine {
-    let config = Config {
-        metadata_cluster_id: cluster.into(),
-        ..Config::default()
-    };
-    TransferEngine::new(name, url, config).unwrap()
 }
 
 /// Status and body of one request to the server.
@@ -71,15 +53,6 @@ fn http(method: &str, url: &str, body: Option<&[u8]>) -> (u16, String) {
 fn key_url(srv: &HttpMetadataServer, key: &str) -> String {
     let enc: String = form_urlencoded::byte_serialize(key.as_bytes()).collect();
     format!("{}?key={enc}", srv.url())
-}
-
-/// Reads `len` bytes at `remote` of `segment` into a fresh buffer.
-fn read(e: &TransferEngine, segment: &str, remote: u64, len: usize) -> Result<Vec<u8>, String> {
-    let local = Buf::new(len);
-    let req = [Request::new(OpCode::Read, local.addr(), remote, len as u64)];
-    // SAFETY: `local` outlives the synchronous call; nothing else touches it meanwhile.
-    unsafe { e.transfer_sync(segment, &req) }.map_err(|err| err.to_string())?;
-    Ok(local.to_vec())
 }
 
 #[test]
@@ -183,104 +156,21 @@ fn register_discover_transfer_over_http_store() {
 #[test]
 fn a_cluster_id_partitions_engines() {
     let srv = server(no_sweep());
-    let names: Vec<String> = (0..4).map(|_| name()).collect();
-    let ones: Vec<TransferEngine> = names[..3]
-        .iter()
-        .map(|n| engine_in(n, &srv.url(), "one"))
-        .collect();
-    let other = engine_in(&names[3], &srv.url(), "two");
-    let bufs: Vec<Buf> = (0..4).map(|_| Buf::new(4096)).collect();
-    for (i, e) in ones.iter().chain([&other]).enumerate() {
-        bufs[i].write_at(0, &pattern(4096, 10 + i as u64)).unwrap();
-        e.register_memory(bufs[i].addr(), 4096, "cpu:0").unwrap();
-    }
-    // The three see each other.
-    for (i, e) in ones.iter().enumerate() {
-        let j = (i + 1) % 3;
-        let got = read(e, &names[j], bufs[j].addr(), 4096).unwrap();
-        assert_eq!(got, pattern(4096, 10 + j as u64));
-    }
-    // The fourth sees none of them, and none of them sees it.
-    for j in 0..3 {
-        let err = read(&other, &names[j], bufs[j].addr(), 64).unwrap_err();
-        assert!(err.contains("not registered"), "{err}");
-    }
-    let err = read(&ones[0], &names[3], bufs[3].addr(), 64).unwrap_err();
-    assert!(err.contains("not registered"), "{err}");
-    let (st, _) = http(
-        "GET",
-        &key_url(&srv, &format!("mooncake/one/rpc_meta/{}", names[0])),
-        None,
-    );
-    assert_eq!(st, 200, "keys carry the cluster id");
-    let (st, _) = http(
-        "GET",
-        &key_url(&srv, &format!("mooncake/two/ram/{}", names[3])),
-        None,
-    );
-    assert_eq!(st, 200);
+    meta_common::check_cluster_partition(&srv.url(), |names| {
+        let get = |key: String| http("GET", &key_url(&srv, &key), None).0;
+        assert_eq!(get(format!("mooncake/one/rpc_meta/{}", names[0])), 200);
+        assert_eq!(get(format!("mooncake/two/ram/{}", names[3])), 200);
+        assert_eq!(
+            get(format!("mooncake/ram/{}", names[3])),
+            404,
+            "keys carry the cluster id"
+        );
+    });
 }
 
-/// The engine process of the kill tests: `TE_META_CHILD="<url> <name> <seed>"`.
 #[test]
 fn meta_child() {
-    let Ok(spec) = std::env::var("TE_META_CHILD") else {
-        return;
-    };
-    let v: Vec<&str> = spec.split_whitespace().collect();
-    let e = TransferEngine::new(v[1], v[0], Config::default()).unwrap();
-    let buf = Buf::new(4096);
-    buf.write_at(0, &pattern(4096, v[2].parse().unwrap()))
-        .unwrap();
-    e.register_memory(buf.addr(), 4096, "cpu:0").unwrap();
-    let mut out = std::io::stdout();
-    writeln!(out, "READY {}", buf.addr()).unwrap();
-    // Serve until killed (or the test closes stdin).
-    let mut sink = String::new();
-    let _ = std::io::stdin().read_to_string(&mut sink);
-}
-
-/// A child process, killed and reaped when dropped.
-struct Reaped(Child);
-
-impl Reaped {
-    /// SIGKILL, and wait until it is gone.
-    fn kill(&mut self) {
-        self.0.kill().unwrap();
-        self.0.wait().unwrap();
-    }
-}
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `meta_child` and returns it with its buffer's address.
-#[allow(clippy::zombie_processes, reason = "reaped by `Reaped`")]
-fn spawn_child(url: &str, name: &str, seed: u64) -> (Reaped, u64) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "meta_child", "--nocapture", "--test-threads=1"])
-        .env("TE_META_CHILD", format!("{url} {name} {seed}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let child = Reaped(child);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "child died before READY"
-        );
-        if let Some(addr) = line.split_once("READY ").map(|(_, a)| a) {
-            return (child, addr.trim().parse().unwrap());
-        }
-    }
+    meta_common::meta_child_main();
 }
 
 #[test]
@@ -289,7 +179,7 @@ fn a_killed_engines_name_initializes_again_at_once() {
     let srv = server(no_sweep());
     let (a_name, b_name) = (name(), name());
     let a = engine_in(&a_name, &srv.url(), "");
-    let (mut child, addr) = spawn_child(&srv.url(), &b_name, 5);
+    let (mut child, addr) = spawn_child(&srv.url(), &b_name, 5, &[]);
     assert_eq!(read(&a, &b_name, addr, 4096).unwrap(), pattern(4096, 5));
 
     // While the first owner lives, the name is refused.
@@ -327,7 +217,7 @@ fn a_killed_engines_entries_expire() {
     });
     let live = engine_in(&name(), &srv.url(), "");
     let dead_name = name();
-    let (mut child, _) = spawn_child(&srv.url(), &dead_name, 7);
+    let (mut child, _) = spawn_child(&srv.url(), &dead_name, 7, &[]);
     assert_eq!(srv.len(), 4);
     let rpc = key_url(&srv, &format!("mooncake/rpc_meta/{dead_name}"));
     let ram = key_url(&srv, &format!("mooncake/ram/{dead_name}"));

@@ -14,6 +14,7 @@ use parking_lot::RwLock;
 use crate::config::Config;
 use crate::error::TransferError;
 use crate::memory::MemoryRegistry;
+use crate::metadata::etcd::EtcdStore;
 use crate::metadata::handshake::{self, HandshakeServer};
 use crate::metadata::http::HttpStore;
 use crate::metadata::{MetadataStore, P2pStore, RpcMeta};
@@ -36,6 +37,7 @@ pub const P2P_HANDSHAKE: &str = "P2PHANDSHAKE";
 enum StoreKind {
     P2p,
     Http(String),
+    Etcd(String),
 }
 
 impl StoreKind {
@@ -45,7 +47,7 @@ impl StoreKind {
         }
         let unsupported = |why: String| {
             Err(EngineError::Unsupported(format!(
-                "metadata server {conn:?}: {why}; use {P2P_HANDSHAKE} or http://host:port/metadata"
+                "metadata server {conn:?}: {why}; use {P2P_HANDSHAKE}, http://host:port/metadata or etcd://host:port[,host:port...]"
             )))
         };
         match conn.split_once("://") {
@@ -53,7 +55,7 @@ impl StoreKind {
             Some(("https", _)) => {
                 unsupported("https is not supported (this build has no TLS)".into())
             }
-            Some(("etcd", _)) => unsupported("the etcd store is not implemented yet".into()),
+            Some(("etcd", _)) => Ok(Self::Etcd(conn.to_string())),
             Some((scheme, _)) => unsupported(format!("unknown scheme {scheme:?}")),
             None => unsupported("no scheme".into()),
         }
@@ -146,6 +148,11 @@ impl TransferEngine {
                 // Store mode: the segment name is `local_hostname` verbatim (upstream).
                 SegmentId::parse(local_hostname, config.handshake_port)?;
                 let store = HttpStore::new(&url, &config.metadata_cluster_id, config.clone())?;
+                (local_hostname.to_string(), Box::new(store))
+            }
+            StoreKind::Etcd(conn) => {
+                SegmentId::parse(local_hostname, config.handshake_port)?;
+                let store = EtcdStore::new(&conn, config.clone())?;
                 (local_hostname.to_string(), Box::new(store))
             }
         };

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use super::{engine_alive, KeySpace, MetadataError, MetadataStore, RpcMeta};
+use super::{check_old_owner, stored_desc, KeySpace, MetadataError, MetadataStore, RpcMeta};
 use crate::config::Config;
 use crate::wire::descriptor::SegmentDesc;
 use crate::wire::session::{HostPort, SegmentId};
@@ -25,8 +25,6 @@ pub const MAX_VALUE_BYTES: u64 = 32 << 20;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(1500);
 /// Upstream's whole-request timeout.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(3000);
-/// How long an old `rpc_meta` owner has to answer a probe before its entry is replaced.
-const OWNER_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One engine's view of an HTTP metadata server.
 pub struct HttpStore {
@@ -137,17 +135,7 @@ impl HttpStore {
         }
         let old = RpcMeta::decode(&old.body)
             .map_err(|e| self.err(format!("{refused_why}; the existing entry is garbage: {e}")))?;
-        if &old != rpc && engine_alive(&old.host_port(), &self.config, OWNER_PROBE_TIMEOUT) {
-            return Err(self.err(format!(
-                "segment name {name:?} is in use by a live engine at {}",
-                old.host_port().session_id()
-            )));
-        }
-        tracing::info!(
-            "metadata store {}: replacing the entry of {name:?} left by an engine at {} that is gone",
-            self.url,
-            old.host_port().session_id()
-        );
+        check_old_owner(&self.url, name, &old, rpc, &self.config)?;
         let del = self.delete(key)?;
         if del.status != 200 && del.status != 404 {
             return Err(self.err(format!(
@@ -231,19 +219,7 @@ impl HttpStore {
 impl MetadataStore for HttpStore {
     fn fetch(&self, id: &SegmentId) -> Result<SegmentDesc, MetadataError> {
         let body = self.get_known(&self.keys.ram(id.name()), id.name())?;
-        let mut desc =
-            SegmentDesc::decode(&body).map_err(|source| MetadataError::BadDescriptor {
-                segment: id.to_string(),
-                source,
-            })?;
-        if desc.tcp_data_host.is_none() {
-            // Upstream engines before 0.3.13 do not say where their data port is; it is on
-            // the host of their handshake address.
-            if let Ok(addr) = self.rpc_address(id) {
-                desc.tcp_data_host = Some(addr.host);
-            }
-        }
-        Ok(desc)
+        stored_desc(id, &body, || self.rpc_address(id).ok())
     }
 
     fn publish(&self, desc: &SegmentDesc) -> Result<(), MetadataError> {

@@ -8,6 +8,7 @@
 // Peer input is parsed here: an index out of range must be an error, never a panic.
 #![deny(clippy::indexing_slicing)]
 
+pub mod etcd;
 pub mod handshake;
 pub mod http;
 pub mod http_server;
@@ -134,6 +135,52 @@ impl RpcMeta {
             port: self.rpc_port,
         }
     }
+}
+
+/// How long an old `rpc_meta` owner has to answer a probe before its entry is replaced.
+const OWNER_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Joining as `name` over an existing `rpc_meta` entry `old`: fine when it is ours or its
+/// engine does not answer a probe (it died; the caller replaces the entry), an error
+/// naming the live owner otherwise.
+pub fn check_old_owner(
+    store: &str,
+    name: &str,
+    old: &RpcMeta,
+    ours: &RpcMeta,
+    config: &Config,
+) -> Result<(), MetadataError> {
+    if old == ours {
+        return Ok(());
+    }
+    let at = old.host_port().session_id();
+    if engine_alive(&old.host_port(), config, OWNER_PROBE_TIMEOUT) {
+        return Err(MetadataError::Store {
+            store: store.to_string(),
+            reason: format!("segment name {name:?} is in use by a live engine at {at}"),
+        });
+    }
+    tracing::info!(
+        "metadata store {store}: replacing the entry of {name:?} left by an engine at {at} that is gone"
+    );
+    Ok(())
+}
+
+/// Decodes the stored descriptor of `id`. Upstream engines before 0.3.13 do not say where
+/// their data port is: it is on the host of their handshake address (`rpc_host`).
+pub fn stored_desc(
+    id: &SegmentId,
+    body: &str,
+    rpc_host: impl FnOnce() -> Option<HostPort>,
+) -> Result<SegmentDesc, MetadataError> {
+    let mut desc = SegmentDesc::decode(body).map_err(|source| MetadataError::BadDescriptor {
+        segment: id.to_string(),
+        source,
+    })?;
+    if desc.tcp_data_host.is_none() {
+        desc.tcp_data_host = rpc_host().map(|a| a.host);
+    }
+    Ok(desc)
 }
 
 /// Whether an engine answers a probe at `addr` within `timeout`.
