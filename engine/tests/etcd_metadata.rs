@@ -146,22 +146,7 @@ fn register_discover_transfer_over_etcd() {
         pattern(len, 1)
     );
 
-    // Registered after A looked B up: seen through the refresh on a miss.
-    let b_buf2 = Buf::new(4096);
-    b_buf2.write_at(0, &pattern(4096, 2)).unwrap();
-    b.register_memory(b_buf2.addr(), 4096, "cpu:0").unwrap();
-    assert_eq!(
-        read(&a, &b_name, b_buf2.addr(), 4096).unwrap(),
-        pattern(4096, 2)
-    );
-    a.probe(&b_name).unwrap();
-
-    let ghost = "127.0.0.1:9";
-    let err = read(&a, ghost, 0x1000, 8).unwrap_err();
-    assert!(
-        err.contains(ghost) && err.contains("not registered"),
-        "{err}"
-    );
+    meta_common::check_late_registration_and_unknown_segment(&a, &b, &b_name);
 
     // B leaves: its keys go with its lease.
     drop(b);

@@ -137,3 +137,27 @@ pub fn check_cluster_partition(conn: &str, also: impl FnOnce(&[String])) {
     assert!(err.contains("not registered"), "{err}");
     also(&names);
 }
+
+/// `b` registers more memory after `a` cached its descriptor: `a` reads it (the refresh on a
+/// miss); `a` probes `b` through the store; a segment the store does not know fails naming it.
+pub fn check_late_registration_and_unknown_segment(
+    a: &TransferEngine,
+    b: &TransferEngine,
+    b_name: &str,
+) {
+    let late = Buf::new(4096);
+    late.write_at(0, &pattern(4096, 77)).unwrap();
+    b.register_memory(late.addr(), 4096, "cpu:0").unwrap();
+    assert_eq!(
+        read(a, b_name, late.addr(), 4096).unwrap(),
+        pattern(4096, 77)
+    );
+    a.probe(b_name).unwrap();
+    let ghost = "127.0.0.1:9";
+    let err = read(a, ghost, 0x1000, 8).unwrap_err();
+    assert!(
+        err.contains(ghost) && err.contains("not registered"),
+        "{err}"
+    );
+    b.unregister_memory(late.addr()).unwrap();
+}
