@@ -18,7 +18,9 @@
 //! - **Bounds.** Bodies over `max_body_bytes` are 413; beyond `max_keys` keys a new key
 //!   is 507; keys over [`MAX_KEY_BYTES`], with control characters or invalid UTF-8, and
 //!   PUT bodies that are not JSON (an `rpc_meta` body that is not `{ip_or_host_name,
-//!   rpc_port}`) are 400 with the reason.
+//!   rpc_port}`) are 400 with the reason. Not bounded: `tiny_http` serves each
+//!   connection on a thread of its own, without a cap on their number or a read timeout,
+//!   so a client that opens many connections and stops sending holds that many threads.
 
 use std::collections::HashMap;
 use std::io::{self, Read};
