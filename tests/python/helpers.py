@@ -69,11 +69,13 @@ class Peer:
     the buffer, so a transfer is verified by the side that received it.
     """
 
-    def __init__(self, python: str, size: int, seed: int = 0, env: Optional[dict] = None):
+    def __init__(self, python: str, size: int, seed: int = 0, env: Optional[dict] = None,
+                 host: str = HOST, metadata: str = "P2PHANDSHAKE"):
         self.size = size
         self.seed = seed
         self.proc = subprocess.Popen(
-            [python, str(PEER_SCRIPT), "target", "--host", HOST, "--size", str(size), "--pattern-seed", str(seed)],
+            [python, str(PEER_SCRIPT), "target", "--host", host, "--metadata", metadata,
+             "--size", str(size), "--pattern-seed", str(seed)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
