@@ -142,6 +142,15 @@ def run_peer_initiator(python: str, peer_sid: str, peer_buf: int, size: int, see
     return result
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 just now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -52,22 +52,14 @@ def test_bench_target_and_initiator():
         assert target.wait(timeout=20) == 0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_http_metadata_server_script_serves_engines():
     import urllib.error
     import urllib.request
 
-    from helpers import Buffer
+    from helpers import Buffer, free_port
     from mooncake.engine import TransferEngine
 
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [BIN / "mooncake_http_metadata_server", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

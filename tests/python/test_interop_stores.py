@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Buffer, Peer, pattern, run_peer_initiator, sha256
+from helpers import Buffer, Peer, free_port, pattern, run_peer_initiator, sha256
 from mooncake.engine import TransferEngine
 
 MIB = 1 << 20
@@ -26,12 +25,6 @@ BIN = Path(sys.executable).parent
 # Upstream publishes its first non-loopback address unless told: keep everything on loopback.
 UPSTREAM_ENV = {"MC_FORCE_TCP": "1", "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
 _names = itertools.count(1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _name() -> str:
@@ -49,7 +42,7 @@ def _wait(cond, timeout: float, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def http_store():
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [BIN / "mooncake_http_metadata_server", "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -67,7 +60,7 @@ def etcd_store():
     etcd = shutil.which("etcd")
     if etcd is None:
         pytest.fail("etcd not found: run scripts/install-deps.sh (Debian package etcd-server)", pytrace=False)
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     data = tempfile.mkdtemp(prefix="te-etcd-")
     proc = subprocess.Popen(
         [etcd, "--name", "t", "--data-dir", data,
