@@ -1,8 +1,10 @@
 """Our wheel and the published upstream wheel sharing one metadata store: our HTTP metadata
-server (``mooncake_http_metadata_server``) and a throw-away etcd (Debian's ``etcd-server``,
-started here on loopback with a temporary data directory), verified bytes both ways.
-Needs UPSTREAM_PYTHON (scripts/setup-upstream.sh) and ``etcd`` on PATH
-(scripts/install-deps.sh)."""
+server (``mooncake_http_metadata_server``), upstream's Python one (``http_metadata_server.py``
+of the upstream wheel, run by Debian's python3 with python3-aiohttp) and a throw-away etcd
+(Debian's ``etcd-server``, started here on loopback with a temporary data directory),
+verified bytes both ways; and an engine killed with SIGKILL coming back under its name at
+once on each store. Needs UPSTREAM_PYTHON (scripts/setup-upstream.sh) and etcd-server,
+python3-aiohttp (scripts/install-deps.sh)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from helpers import Buffer, Peer, free_port, pattern, run_peer_initiator, sha256
+from helpers import Buffer, Peer, free_port, pattern, run_peer_initiator, sha256, this_python
 from mooncake.engine import TransferEngine
 
 MIB = 1 << 20
@@ -86,7 +89,42 @@ def etcd_store():
         shutil.rmtree(data, ignore_errors=True)
 
 
-@pytest.fixture(params=["http", "etcd"])
+@pytest.fixture(scope="module")
+def upstream_http_store(upstream_python):
+    where = subprocess.run(
+        [upstream_python, "-c",
+         "import importlib.util as u; print(u.find_spec('mooncake').submodule_search_locations[0])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    script = Path(where) / "http_metadata_server.py"
+    assert script.is_file(), script
+    port = free_port()
+    # Debian's python3 with python3-aiohttp: the upstream venv is installed --no-deps.
+    proc = subprocess.Popen(
+        ["/usr/bin/python3", str(script), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    url = f"http://127.0.0.1:{port}/metadata"
+
+    def answers() -> bool:
+        assert proc.poll() is None, proc.stderr.read()
+        try:
+            urllib.request.urlopen(f"{url}?key=probe", timeout=2)
+        except urllib.error.HTTPError as e:
+            return e.code == 404
+        except OSError:
+            return False
+        return False
+
+    try:
+        _wait(answers, 30, "upstream's HTTP metadata server")
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(params=["http", "upstream_http", "etcd"])
 def store(request):
     return request.getfixturevalue(f"{request.param}_store")
 
@@ -122,3 +160,27 @@ def test_our_engine_and_upstreams_share_a_store(store, upstream_python):
         assert buf.read() == pattern(11, 0, MIB)
     finally:
         target.stop()
+
+
+def test_a_killed_engine_comes_back_under_its_name_at_once(store):
+    """Our engine in another process, killed with SIGKILL: its entries are still in the store
+    (upstream's server refuses to overwrite rpc_meta), yet a new engine of the same name
+    initializes at once, and an engine that talked to the dead one reaches the new one."""
+    name = _name()
+    first = Peer(this_python(), MIB, seed=21, host=name, metadata=store)
+    a = TransferEngine()
+    assert a.initialize(_name(), store, "tcp", "") == 0, TransferEngine.last_error()
+    local = Buffer(MIB)
+    assert a.register_memory(local.addr, local.size) == 0
+    assert a.transfer_sync_read(name, local.addr, first.buffer, MIB) == 0
+    assert local.read() == pattern(21, 0, MIB)
+    first.kill()
+
+    t0 = time.monotonic()
+    second = Peer(this_python(), MIB, seed=22, host=name, metadata=store)
+    try:
+        assert time.monotonic() - t0 < 15
+        assert a.transfer_sync_read(name, local.addr, second.buffer, MIB) == 0
+        assert local.read() == pattern(22, 0, MIB)
+    finally:
+        second.stop()
