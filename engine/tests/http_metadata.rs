@@ -356,3 +356,25 @@ fn the_server_replaces_rpc_meta_only_of_engines_that_are_gone() {
     );
     assert_eq!(http("GET", &k, None), (200, meta(live.rpc_port())));
 }
+
+#[test]
+fn an_engine_leaving_spares_entries_another_engine_took_over() {
+    let srv = server(no_sweep());
+    let name_x = name();
+    let x = engine_in(&name_x, &srv.url(), "");
+    let y = engine_in(&name(), &srv.url(), "");
+    // The name now points at Y (as after X was found dead and replaced).
+    let k = key_url(&srv, &format!("mooncake/rpc_meta/{name_x}"));
+    let y_meta = format!(
+        r#"{{"ip_or_host_name":"127.0.0.1","rpc_port":{}}}"#,
+        y.rpc_port()
+    );
+    assert_eq!(http("DELETE", &k, None).0, 200);
+    assert_eq!(http("PUT", &k, Some(y_meta.as_bytes())).0, 200);
+    drop(x);
+    assert_eq!(
+        http("GET", &k, None),
+        (200, y_meta),
+        "X deleted an entry not its own"
+    );
+}

@@ -31,8 +31,8 @@ pub struct HttpStore {
     agent: ureq::Agent,
     url: String,
     keys: KeySpace,
-    /// This engine's segment name, once joined.
-    name: parking_lot::Mutex<String>,
+    /// This engine's segment name and `rpc_meta` value, once joined.
+    joined: parking_lot::Mutex<Option<(String, RpcMeta)>>,
     config: Config,
 }
 
@@ -75,7 +75,7 @@ impl HttpStore {
             agent,
             url: url.to_string(),
             keys: KeySpace::new(cluster_id),
-            name: parking_lot::Mutex::new(String::new()),
+            joined: parking_lot::Mutex::new(None),
             config,
         })
     }
@@ -111,7 +111,7 @@ impl HttpStore {
                 )))
             }
         }
-        *self.name.lock() = name.to_string();
+        *self.joined.lock() = Some((name.to_string(), rpc.clone()));
         Ok(())
     }
 
@@ -239,11 +239,28 @@ impl MetadataStore for HttpStore {
     }
 
     fn leave(&self) {
-        let name = std::mem::take(&mut *self.name.lock());
-        if name.is_empty() {
+        let Some((name, ours)) = self.joined.lock().take() else {
             return;
+        };
+        // Only our own entries: another engine may have taken the name since (after a
+        // probe found this one unresponsive).
+        let rpc_key = self.keys.rpc_meta(&name);
+        match self.get(&rpc_key) {
+            Ok(r) if r.status == 200 && RpcMeta::decode(&r.body).is_ok_and(|m| m == ours) => {}
+            Ok(r) if r.status == 404 => return,
+            Ok(_) => {
+                tracing::info!(
+                    "metadata store {}: {rpc_key} belongs to another engine now; left alone",
+                    self.url
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                return;
+            }
         }
-        for key in [self.keys.ram(&name), self.keys.rpc_meta(&name)] {
+        for key in [self.keys.ram(&name), rpc_key] {
             match self.delete(&key) {
                 Ok(r) if r.status == 200 || r.status == 404 => {}
                 Ok(r) => tracing::warn!(
