@@ -90,7 +90,8 @@ pub struct HttpMetadataServer {
 impl HttpMetadataServer {
     /// Listens on `addr` (port 0: any free port) and starts serving.
     pub fn start(addr: SocketAddr, opts: ServerOptions) -> io::Result<Self> {
-        let server = tiny_http::Server::http(addr).map_err(io::Error::other)?;
+        let server =
+            tiny_http::Server::from_listener(listener(addr)?, None).map_err(io::Error::other)?;
         let addr = server
             .server_addr()
             .to_ip()
@@ -171,6 +172,19 @@ impl Drop for HttpMetadataServer {
             let _ = t.join();
         }
     }
+}
+
+/// The listening socket, with `TCP_NODELAY`, which Linux copies to every accepted socket:
+/// `tiny_http` writes a reply's head and body separately, and with Nagle's algorithm the
+/// body would wait for the client's delayed ACK (40 ms a request).
+fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    sock.set_reuse_address(true)?;
+    sock.set_nodelay(true)?;
+    sock.bind(&addr.into())?;
+    sock.listen(1024)?;
+    Ok(sock.into())
 }
 
 fn serve(server: &tiny_http::Server, state: &State) {
