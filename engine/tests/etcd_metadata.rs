@@ -261,3 +261,9 @@ fn an_unreachable_etcd_fails_initialize_with_the_reason() {
         .to_string();
     assert!(err.contains("empty endpoint"), "{err}");
 }
+
+#[test]
+fn the_same_name_again_in_one_process_over_etcd() {
+    let etcd = Etcd::start();
+    meta_common::check_same_name_again_in_process(&etcd.conn());
+}

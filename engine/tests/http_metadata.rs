@@ -378,3 +378,9 @@ fn an_engine_leaving_spares_entries_another_engine_took_over() {
         "X deleted an entry not its own"
     );
 }
+
+#[test]
+fn the_same_name_again_in_one_process() {
+    let srv = server(no_sweep());
+    meta_common::check_same_name_again_in_process(&srv.url());
+}

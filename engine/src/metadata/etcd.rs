@@ -22,7 +22,10 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, PutOptions};
 use parking_lot::Mutex;
 
-use super::{check_old_owner, stored_desc, KeySpace, MetadataError, MetadataStore, RpcMeta};
+use super::{
+    check_old_owner, local_engine_joined, local_engine_left, stored_desc, KeySpace, MetadataError,
+    MetadataStore, RpcMeta,
+};
 use crate::config::Config;
 use crate::wire::descriptor::SegmentDesc;
 use crate::wire::session::{HostPort, SegmentId};
@@ -34,6 +37,7 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Default)]
 struct Joined {
     name: String,
+    rpc: Option<RpcMeta>,
     rpc_meta: String,
     desc: Option<String>,
     lease: i64,
@@ -296,6 +300,8 @@ impl MetadataStore for EtcdStore {
         if let Some(rt) = &self.rt {
             *self.keeper.lock() = Some(rt.spawn(s.clone().keep_alive()));
         }
+        s.joined.lock().rpc = Some(rpc.clone());
+        local_engine_joined(rpc);
         Ok(())
     }
 
@@ -304,7 +310,11 @@ impl MetadataStore for EtcdStore {
             k.abort();
         }
         let s = &self.shared;
-        let lease = std::mem::take(&mut *s.joined.lock()).lease;
+        let joined = std::mem::take(&mut *s.joined.lock());
+        if let Some(rpc) = &joined.rpc {
+            local_engine_left(rpc);
+        }
+        let lease = joined.lease;
         if lease == 0 {
             return;
         }

@@ -13,7 +13,10 @@
 
 use std::time::Duration;
 
-use super::{check_old_owner, stored_desc, KeySpace, MetadataError, MetadataStore, RpcMeta};
+use super::{
+    check_old_owner, local_engine_joined, local_engine_left, stored_desc, KeySpace, MetadataError,
+    MetadataStore, RpcMeta,
+};
 use crate::config::Config;
 use crate::wire::descriptor::SegmentDesc;
 use crate::wire::session::{HostPort, SegmentId};
@@ -112,6 +115,7 @@ impl HttpStore {
             }
         }
         *self.joined.lock() = Some((name.to_string(), rpc.clone()));
+        local_engine_joined(rpc);
         Ok(())
     }
 
@@ -242,6 +246,7 @@ impl MetadataStore for HttpStore {
         let Some((name, ours)) = self.joined.lock().take() else {
             return;
         };
+        local_engine_left(&ours);
         // Only our own entries: another engine may have taken the name since (after a
         // probe found this one unresponsive).
         let rpc_key = self.keys.rpc_meta(&name);

@@ -140,9 +140,28 @@ impl RpcMeta {
 /// How long an old `rpc_meta` owner has to answer a probe before its entry is replaced.
 const OWNER_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Joining as `name` over an existing `rpc_meta` entry `old`: fine when it is ours or its
-/// engine does not answer a probe (it died; the caller replaces the entry), an error
-/// naming the live owner otherwise.
+/// Handshake addresses of the engines of this process that joined a store and have not
+/// left it yet.
+static LOCAL_ENGINES: parking_lot::Mutex<Vec<RpcMeta>> = parking_lot::Mutex::new(Vec::new());
+
+/// Notes that an engine of this process joined a store at `rpc`.
+pub fn local_engine_joined(rpc: &RpcMeta) {
+    LOCAL_ENGINES.lock().push(rpc.clone());
+}
+
+/// Notes that the engine of this process at `rpc` left its store.
+pub fn local_engine_left(rpc: &RpcMeta) {
+    let mut all = LOCAL_ENGINES.lock();
+    if let Some(i) = all.iter().position(|r| r == rpc) {
+        all.swap_remove(i);
+    }
+}
+
+/// Joining as `name` over an existing `rpc_meta` entry `old`: fine when it is ours, when it
+/// is an engine of this process (initialize called again with the same name: the old engine
+/// is being replaced, and leaves entries it no longer owns alone), or when its engine does
+/// not answer a probe (it died); the caller then replaces the entry. An error naming the
+/// live owner otherwise.
 pub fn check_old_owner(
     store: &str,
     name: &str,
@@ -154,6 +173,12 @@ pub fn check_old_owner(
         return Ok(());
     }
     let at = old.host_port().session_id();
+    if LOCAL_ENGINES.lock().contains(old) {
+        tracing::info!(
+            "metadata store {store}: {name:?} taken over from the engine at {at} of this process"
+        );
+        return Ok(());
+    }
     if engine_alive(&old.host_port(), config, OWNER_PROBE_TIMEOUT) {
         return Err(MetadataError::Store {
             store: store.to_string(),

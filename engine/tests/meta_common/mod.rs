@@ -161,3 +161,22 @@ pub fn check_late_registration_and_unknown_segment(
     );
     b.unregister_memory(late.addr()).unwrap();
 }
+
+/// A second engine of this process under the name of a live first one (Python's
+/// `initialize` called again) takes the name over; the first, dropped, leaves the second's
+/// entries alone, and a peer reaches the second.
+pub fn check_same_name_again_in_process(conn: &str) {
+    let shared = name();
+    let a = engine_in(&name(), conn, "");
+    let first = engine_in(&shared, conn, "");
+    let second = engine_in(&shared, conn, "");
+    drop(first);
+    let buf = Buf::new(4096);
+    buf.write_at(0, &pattern(4096, 31)).unwrap();
+    second.register_memory(buf.addr(), 4096, "cpu:0").unwrap();
+    assert_eq!(
+        read(&a, &shared, buf.addr(), 4096).unwrap(),
+        pattern(4096, 31)
+    );
+    a.probe(&shared).unwrap();
+}
