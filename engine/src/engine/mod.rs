@@ -121,6 +121,11 @@ struct Segment {
 impl TransferEngine {
     /// Starts an engine named after `local_hostname` (its port, if any, is
     /// ignored in P2P mode: the session id is `host:rpc_port`).
+    ///
+    /// `metadata`: `P2PHANDSHAKE`, `http://host:port/path` (an HTTP metadata server) or
+    /// `etcd://h1:2379[,h2:2379...]`. With a store the session id (segment name) is
+    /// `local_hostname` verbatim; the engine publishes its handshake address and descriptor
+    /// there, and removes them when dropped.
     pub fn new(local_hostname: &str, metadata: &str, config: Config) -> Result<Self, EngineError> {
         let kind = StoreKind::parse(metadata)?;
         let host = HostPort::parse(local_hostname, config.handshake_port)?.host;
@@ -182,7 +187,9 @@ impl TransferEngine {
                 source,
             }
         })?;
-        // Published once peers can reach our handshake port (a store may probe it).
+        let housekeeping = Housekeeping::start(Arc::downgrade(&inner))?;
+        // Published once peers can reach our handshake port (a store may probe it), and
+        // nothing fallible comes after it but `leave` on failure.
         let rpc_meta = RpcMeta {
             ip_or_host_name: inner.host.clone(),
             rpc_port,
@@ -195,7 +202,6 @@ impl TransferEngine {
             inner.store.leave();
             return Err(e.into());
         }
-        let housekeeping = Housekeeping::start(Arc::downgrade(&inner))?;
         let desc = inner.local_desc();
         tracing::info!(
             "transfer engine {} up: handshake port {rpc_port}, transports {:?}, TCP data port {} (v2)",
