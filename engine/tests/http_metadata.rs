@@ -384,3 +384,18 @@ fn the_same_name_again_in_one_process() {
     let srv = server(no_sweep());
     meta_common::check_same_name_again_in_process(&srv.url());
 }
+
+#[test]
+fn the_server_holds_at_most_max_keys() {
+    let srv = server(ServerOptions {
+        max_keys: 2,
+        ..no_sweep()
+    });
+    let put = |key: &str| http("PUT", &key_url(&srv, key), Some(b"{}")).0;
+    assert_eq!(put("k1"), 200);
+    assert_eq!(put("k2"), 200);
+    assert_eq!(put("k3"), 507, "a third key");
+    assert_eq!(put("k1"), 200, "overwriting a held key");
+    assert_eq!(http("DELETE", &key_url(&srv, "k2"), None).0, 200);
+    assert_eq!(put("k3"), 200, "room again");
+}
