@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Installs what building and testing need on a fresh Debian 12 machine:
-# Debian packages (compiler, Python venv, iperf3, binutils for readelf) and,
+# Debian packages (compiler, Python venv, iperf3, binutils for readelf; protoc and the
+# protobuf well-known types, which the etcd client's build script compiles its protos
+# with; etcd-server, which the etcd store tests start on loopback; python3-aiohttp, which
+# runs upstream's Python HTTP metadata server in the interop tests) and,
 # when cargo is missing, the Rust toolchain pinned in rust-toolchain.toml.
 # Idempotent and non-interactive.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf 'install-deps: %s\n' "$*" >&2; }
 
-PKGS=(build-essential pkg-config curl ca-certificates git python3 python3-venv python3-pip binutils iperf3)
+PKGS=(build-essential pkg-config curl ca-certificates git python3 python3-venv python3-pip binutils iperf3
+      protobuf-compiler libprotobuf-dev etcd-server python3-aiohttp)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 # A pyenv or other non-Debian python3 that can make venvs is as good as python3-venv.
 if python3 -c 'import venv, ensurepip' 2>/dev/null; then
-    missing=("${missing[@]/python3-venv}"); missing=("${missing[@]/python3-pip}"); missing=("${missing[@]/python3}")
+    mapfile -t missing < <(printf '%s\n' "${missing[@]}" | grep -vxE 'python3|python3-venv|python3-pip' || true)
 fi
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | grep -v '^$' || true)
 if [ "${#missing[@]}" -gt 0 ]; then

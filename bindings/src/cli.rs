@@ -1,5 +1,5 @@
-//! The console scripts' Rust side: `transfer_engine_bench` and
-//! `transfer_engine_topology_dump` (the wheel's `mooncake._cli` calls these).
+//! The console scripts' Rust side: `transfer_engine_bench`, `transfer_engine_topology_dump`
+//! and `mooncake_http_metadata_server` (the wheel's `mooncake._cli` calls these).
 
 use std::path::Path;
 
@@ -52,4 +52,10 @@ pub fn topology_dump_main(args: &[String]) -> i32 {
 /// `transfer_engine_bench ...`: the engine's benchmark, upstream's flags.
 pub fn bench_main(args: &[String]) -> i32 {
     transfer_engine_bench::main_with_args(args.iter().cloned())
+}
+
+/// `mooncake_http_metadata_server [--host H] [--port P] ...`: the HTTP metadata server
+/// (upstream's routes and status codes, plus liveness checks); serves until killed.
+pub fn http_metadata_server_main(args: &[String]) -> i32 {
+    transfer_engine::metadata::http_server::cli_main(args)
 }

@@ -42,6 +42,12 @@ fn run_topology_dump(argv: Vec<String>) -> i32 {
     cli::topology_dump_main(&argv)
 }
 
+#[cfg(feature = "python")]
+#[pyfunction]
+fn run_http_metadata_server(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.detach(|| cli::http_metadata_server_main(&argv))
+}
+
 /// Native part of `mooncake.engine` (import that instead).
 #[cfg(feature = "python")]
 #[pymodule(name = "_native")]
@@ -53,7 +59,7 @@ mod native {
     #[pymodule_export]
     use super::py_types::{PyInnerTransferEngine, PyTransferNotify, PyTransferOpcode};
     #[pymodule_export]
-    use super::{run_bench, run_topology_dump};
+    use super::{run_bench, run_http_metadata_server, run_topology_dump};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -93,6 +93,11 @@ pub struct Config {
     pub use_ipv6: bool,
     /// `MC_LOG_LEVEL`.
     pub log_level: LogLevel,
+    /// `MC_METADATA_CLUSTER_ID`: metadata store keys are `mooncake/<id>/...` (empty: `mooncake/...`).
+    pub metadata_cluster_id: String,
+    /// `MC_METADATA_LEASE_TTL_SEC` (ours, 2–3600): the etcd lease of this engine's keys;
+    /// an engine that stops renewing it (it died) loses its keys this long after.
+    pub metadata_lease_ttl: Duration,
     /// `MC_HANDSHAKE_SERVER_TIMEOUT` (ours, seconds): a handshake request must
     /// arrive whole, and its reply leave, within this; then the connection is closed.
     pub handshake_server_timeout: Duration,
@@ -139,6 +144,8 @@ impl Default for Config {
             tcp_bind_address: None,
             use_ipv6: false,
             log_level: LogLevel::Info,
+            metadata_cluster_id: String::new(),
+            metadata_lease_ttl: Duration::from_secs(10),
             handshake_server_timeout: Duration::from_secs(5),
             handshake_max_connections: 128,
             handshake_max_connections_per_ip: 32,
@@ -280,6 +287,19 @@ impl Config {
             c.tcp_bind_address = Some(ip);
         }
         c.use_ipv6 = env.flag("MC_USE_IPV6")?;
+        if let Some(id) = get("MC_METADATA_CLUSTER_ID") {
+            c.metadata_cluster_id = id;
+        }
+        if let Some(ttl) = env.int::<u64>("MC_METADATA_LEASE_TTL_SEC", "seconds, 2 to 3600")? {
+            if !(2..=3600).contains(&ttl) {
+                return Err(ConfigError {
+                    var: "MC_METADATA_LEASE_TTL_SEC",
+                    value: ttl.to_string(),
+                    expected: "seconds, 2 to 3600".into(),
+                });
+            }
+            c.metadata_lease_ttl = Duration::from_secs(ttl);
+        }
         Self::read_bounds(&env, &mut c)?;
         if let Some(v) = get("MC_LOG_LEVEL") {
             c.log_level = match v.trim().to_ascii_uppercase().as_str() {

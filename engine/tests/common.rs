@@ -11,6 +11,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use transfer_engine::{Config, TransferEngine};
 
@@ -18,6 +19,18 @@ use transfer_engine::{Config, TransferEngine};
 pub const GUARD: u64 = 64 << 10;
 /// Fill of the guard zones, which must never change.
 pub const GUARD_FILL: u8 = 0x5A;
+
+/// Polls `done` until it holds (true) or `limit` passes (false).
+pub fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
 
 /// Deterministic, non-periodic test data.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {

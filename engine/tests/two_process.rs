@@ -10,20 +10,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{engine, fnv, pattern, Buf, Peer, GUARD, GUARD_FILL};
+use common::{engine, fnv, pattern, wait_for, Buf, Peer, GUARD, GUARD_FILL};
 use transfer_engine::{OpCode, Request, TaskStatus, TransferError};
-
-/// Polls `done` until it holds (true) or `limit` passes (false).
-fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
-}
 
 #[test]
 fn peer_process() {

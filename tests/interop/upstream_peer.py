@@ -2,9 +2,11 @@
 """One Transfer Engine peer driven by the published upstream wheel (`mooncake.engine`).
 
 Run it with the upstream venv's python (scripts/setup-upstream.sh prints the path). Every
-engine is created with ``initialize(host, "P2PHANDSHAKE", "tcp", "")`` and ``MC_FORCE_TCP=1``
-(set here unless the caller set it), so only the TCP transport is installed. The session id
-of an engine is ``"<host>:<get_rpc_port()>"``; any port in the hostname is ignored upstream.
+engine is created with ``initialize(host, METADATA, "tcp", "")`` (``--metadata``, default
+"P2PHANDSHAKE") and ``MC_FORCE_TCP=1`` (set here unless the caller set it), so only the TCP
+transport is installed. In P2P mode the session id of an engine is
+``"<host>:<get_rpc_port()>"`` (any port in the hostname is ignored upstream); with a
+metadata store (``http://...``, ``etcd://...``) it is ``--host`` verbatim.
 
 Output contract
 ---------------
@@ -235,7 +237,12 @@ def make_engine(args):
     rc = engine.initialize(args.host, args.metadata, args.protocol, args.device)
     if rc != 0:
         raise Failure(f"initialize({args.host!r}, {args.metadata!r}, {args.protocol!r}, {args.device!r}) returned {rc}")
-    session_id = f"{args.host}:{engine.get_rpc_port()}"
+    # P2P: peers address it as host:rpc_port. With a metadata store (http://, etcd://) the
+    # segment name is the hostname verbatim.
+    if args.metadata == "P2PHANDSHAKE":
+        session_id = f"{args.host}:{engine.get_rpc_port()}"
+    else:
+        session_id = args.host
     return engine, session_id
 
 

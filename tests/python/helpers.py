@@ -69,11 +69,13 @@ class Peer:
     the buffer, so a transfer is verified by the side that received it.
     """
 
-    def __init__(self, python: str, size: int, seed: int = 0, env: Optional[dict] = None):
+    def __init__(self, python: str, size: int, seed: int = 0, env: Optional[dict] = None,
+                 host: str = HOST, metadata: str = "P2PHANDSHAKE"):
         self.size = size
         self.seed = seed
         self.proc = subprocess.Popen(
-            [python, str(PEER_SCRIPT), "target", "--host", HOST, "--size", str(size), "--pattern-seed", str(seed)],
+            [python, str(PEER_SCRIPT), "target", "--host", host, "--metadata", metadata,
+             "--size", str(size), "--pattern-seed", str(seed)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -138,6 +140,15 @@ def run_peer_initiator(python: str, peer_sid: str, peer_buf: int, size: int, see
     result["_rc"] = out.returncode
     result["_stderr"] = out.stderr[-4000:]
     return result
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 just now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
 
 
 def sha256(data: bytes) -> str:

@@ -69,6 +69,7 @@ def test_wheel_metadata_and_tags(wheel):
     assert f"Version: {workspace_version.group(1)}" in text
     assert "transfer_engine_bench=mooncake._cli:transfer_engine_bench" in entry.replace(" ", "")
     assert "transfer_engine_topology_dump" in entry
+    assert "mooncake_http_metadata_server=mooncake._cli:mooncake_http_metadata_server" in entry.replace(" ", "")
     for f in ("mooncake/engine.py", "mooncake/engine.pyi", "mooncake/py.typed", "mooncake/__init__.py"):
         assert f in files
 

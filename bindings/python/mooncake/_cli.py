@@ -1,6 +1,7 @@
-"""Console scripts ``transfer_engine_bench`` and ``transfer_engine_topology_dump``.
+"""Console scripts ``transfer_engine_bench``, ``transfer_engine_topology_dump`` and
+``mooncake_http_metadata_server``.
 
-Both run in Rust; Ctrl-C ends them as it ends a native program.
+All run in Rust; Ctrl-C ends them as it ends a native program.
 """
 
 import signal
@@ -22,3 +23,9 @@ def transfer_engine_bench() -> None:
 def transfer_engine_topology_dump() -> None:
     _native_signals()
     sys.exit(_native.run_topology_dump(sys.argv))
+
+
+def mooncake_http_metadata_server() -> None:
+    _native_signals()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.exit(_native.run_http_metadata_server(sys.argv))

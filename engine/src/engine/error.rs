@@ -82,6 +82,8 @@ impl EngineError {
             Self::Transfer { .. } => -1,
             Self::Metadata(crate::metadata::MetadataError::Handshake { .. }) => -104,
             Self::Metadata(crate::metadata::MetadataError::BadDescriptor { .. }) => -200,
+            Self::Metadata(crate::metadata::MetadataError::Store { .. }) => -200,
+            Self::Metadata(crate::metadata::MetadataError::UnknownSegment { .. }) => -200,
             Self::Device(_) => -6,
             Self::Handshake { .. } => -104,
             Self::Wire(_) => -103,

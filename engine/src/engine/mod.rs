@@ -14,8 +14,10 @@ use parking_lot::RwLock;
 use crate::config::Config;
 use crate::error::TransferError;
 use crate::memory::MemoryRegistry;
+use crate::metadata::etcd::EtcdStore;
 use crate::metadata::handshake::{self, HandshakeServer};
-use crate::metadata::{MetadataStore, P2pStore};
+use crate::metadata::http::HttpStore;
+use crate::metadata::{MetadataStore, P2pStore, RpcMeta};
 use crate::net;
 use crate::notify_queue::{NotifyQueue, REFUSED_REPLY};
 use crate::task::BatchState;
@@ -30,6 +32,35 @@ use location::resolve_location;
 
 /// The connection string of peer-to-peer handshake mode.
 pub const P2P_HANDSHAKE: &str = "P2PHANDSHAKE";
+
+/// Which metadata store a connection string names.
+enum StoreKind {
+    P2p,
+    Http(String),
+    Etcd(String),
+}
+
+impl StoreKind {
+    fn parse(conn: &str) -> Result<Self, EngineError> {
+        if conn == P2P_HANDSHAKE {
+            return Ok(Self::P2p);
+        }
+        let unsupported = |why: String| {
+            Err(EngineError::Unsupported(format!(
+                "metadata server {conn:?}: {why}; use {P2P_HANDSHAKE}, http://host:port/metadata or etcd://host:port[,host:port...]"
+            )))
+        };
+        match conn.split_once("://") {
+            Some(("http", _)) => Ok(Self::Http(conn.to_string())),
+            Some(("https", _)) => {
+                unsupported("https is not supported (this build has no TLS)".into())
+            }
+            Some(("etcd", _)) => Ok(Self::Etcd(conn.to_string())),
+            Some((scheme, _)) => unsupported(format!("unknown scheme {scheme:?}")),
+            None => unsupported("no scheme".into()),
+        }
+    }
+}
 
 /// One read or write of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,12 +122,13 @@ struct Segment {
 impl TransferEngine {
     /// Starts an engine named after `local_hostname` (its port, if any, is
     /// ignored in P2P mode: the session id is `host:rpc_port`).
+    ///
+    /// `metadata`: `P2PHANDSHAKE`, `http://host:port/path` (an HTTP metadata server) or
+    /// `etcd://h1:2379[,h2:2379...]`. With a store the session id (segment name) is
+    /// `local_hostname` verbatim; the engine publishes its handshake address and descriptor
+    /// there, and removes them when dropped.
     pub fn new(local_hostname: &str, metadata: &str, config: Config) -> Result<Self, EngineError> {
-        if metadata != P2P_HANDSHAKE {
-            return Err(EngineError::Unsupported(format!(
-                "metadata server {metadata:?}: only {P2P_HANDSHAKE} is implemented so far; HTTP and etcd stores are planned"
-            )));
-        }
+        let kind = StoreKind::parse(metadata)?;
         let host = HostPort::parse(local_hostname, config.handshake_port)?.host;
         let ip = net::listen_ip(&host, config.tcp_bind_address, config.use_ipv6);
         let (min, max) = (config.min_rpc_port, config.max_rpc_port);
@@ -109,16 +141,32 @@ impl TransferEngine {
         let rpc_listener = net::bind_in_range(ip, min, max, config.handshake_listen_backlog)
             .map_err(listen_err)?;
         let rpc_port = rpc_listener.local_addr().map_err(listen_err)?.port();
-        let session_id = HostPort {
-            host: host.clone(),
-            port: rpc_port,
-        }
-        .session_id();
+        let (session_id, store): (String, Box<dyn MetadataStore>) = match kind {
+            StoreKind::P2p => {
+                let id = HostPort {
+                    host: host.clone(),
+                    port: rpc_port,
+                }
+                .session_id();
+                (id, Box::new(P2pStore::new(config.clone())))
+            }
+            StoreKind::Http(url) => {
+                // Store mode: the segment name is `local_hostname` verbatim (upstream).
+                SegmentId::parse(local_hostname, config.handshake_port)?;
+                let store = HttpStore::new(&url, &config.metadata_cluster_id, config.clone())?;
+                (local_hostname.to_string(), Box::new(store))
+            }
+            StoreKind::Etcd(conn) => {
+                SegmentId::parse(local_hostname, config.handshake_port)?;
+                let store = EtcdStore::new(&conn, config.clone())?;
+                (local_hostname.to_string(), Box::new(store))
+            }
+        };
         let memory = Arc::new(MemoryRegistry::new());
         let transports = crate::transport::start(ip, &host, memory.clone(), &config)?;
         let notify_bytes = config.notify_queue_bytes;
         let inner = Arc::new(Inner {
-            store: Box::new(P2pStore::new(config.clone())),
+            store,
             config,
             session_id,
             host,
@@ -141,6 +189,20 @@ impl TransferEngine {
             }
         })?;
         let housekeeping = Housekeeping::start(Arc::downgrade(&inner))?;
+        // Published once peers can reach our handshake port (a store may probe it), and
+        // nothing fallible comes after it but `leave` on failure.
+        let rpc_meta = RpcMeta {
+            ip_or_host_name: inner.host.clone(),
+            rpc_port,
+        };
+        let joined = inner
+            .store
+            .join(&inner.session_id, &rpc_meta)
+            .and_then(|()| inner.store.publish(&inner.local_desc()));
+        if let Err(e) = joined {
+            inner.store.leave();
+            return Err(e.into());
+        }
         let desc = inner.local_desc();
         tracing::info!(
             "transfer engine {} up: handshake port {rpc_port}, transports {:?}, TCP data port {} (v2)",
@@ -263,12 +325,9 @@ impl TransferEngine {
     /// Sends a notification to `segment`'s engine.
     pub fn send_notify(&self, segment: &str, msg: &Notify) -> Result<(), EngineError> {
         let id = self.inner.segment_id(segment)?;
-        let reply = handshake::request(
-            id.rpc(),
-            MessageType::Notify,
-            &msg.encode(),
-            &self.inner.config,
-        )?;
+        let rpc = self.inner.store.rpc_address(&id)?;
+        let reply =
+            handshake::request(&rpc, MessageType::Notify, &msg.encode(), &self.inner.config)?;
         let reply = NotifyMsg::decode(&reply)?;
         if reply.notify_msg != "success" {
             return Err(EngineError::Handshake {
@@ -293,7 +352,8 @@ impl TransferEngine {
     /// Checks that `segment`'s engine answers on its handshake port.
     pub fn probe(&self, segment: &str) -> Result<(), EngineError> {
         let id = self.inner.segment_id(segment)?;
-        let reply = handshake::request(id.rpc(), MessageType::Probe, "{}", &self.inner.config)?;
+        let rpc = self.inner.store.rpc_address(&id)?;
+        let reply = handshake::request(&rpc, MessageType::Probe, "{}", &self.inner.config)?;
         if crate::wire::descriptor::probe_reply_ok(&reply) {
             Ok(())
         } else {
@@ -508,6 +568,8 @@ impl Drop for TransferEngine {
         // (Connections to peers, and with them every access to local buffers, are closed
         // and joined when the transports drop with `inner`.)
         self.inner.memory.unregister_all();
+        // Remove our entries from the metadata store (a no-op in P2P mode).
+        self.inner.store.leave();
     }
 }
 
