@@ -444,8 +444,11 @@ def test_gil_is_released_during_one_long_transfer():
 
 
 INTERRUPT_SCRIPT = r"""
-import ctypes, sys, time
+import ctypes, signal, sys, time
 from mooncake.engine import TransferEngine
+# A shell that starts jobs in the background leaves SIGINT ignored, and Python keeps it so:
+# install Python's own handler, as an interactive process has it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sid, remote = sys.argv[1], int(sys.argv[2])
 e = TransferEngine()
 assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
@@ -496,8 +499,9 @@ def test_ctrl_c_interrupts_a_waiting_transfer():
 
 
 INTERRUPTED_READ_SCRIPT = r"""
-import ctypes, sys
+import ctypes, signal, sys
 from mooncake.engine import TransferEngine
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in INTERRUPT_SCRIPT
 sid, remote, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
