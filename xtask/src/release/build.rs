@@ -147,6 +147,11 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
         "maturin".to_owned(),
         cmd!(sh, "{maturin} --version").quiet().read()?,
     );
+    let objcopy = cmd!(sh, "objcopy --version").quiet().read()?;
+    tools.insert(
+        "objcopy".to_owned(),
+        objcopy.lines().next().unwrap_or_default().to_owned(),
+    );
     tools.insert(
         "python (build tools)".to_owned(),
         cmd!(sh, "{python} --version").quiet().read()?,
