@@ -23,6 +23,8 @@ impl flags::Plan {
         let platform = &config.baseline.wheel_platform;
         let wheel = format!("{stem}-{version}-{}-{platform}.whl", python_abi_tag(&ws));
         let sdist = format!("{stem}-{version}.tar.gz");
+        let debug = format!("{}.debug", wheel.trim_end_matches(".whl"));
+        let sbom = format!("{stem}-{version}.cdx.json");
         let source = source::source(sh, &ws, &self.tag);
         let (owner, repo) = config.github_owner_repo();
         let index = config.pypi.index_url.trim_end_matches('/');
@@ -56,13 +58,15 @@ impl flags::Plan {
             "artifacts": [
                 {"name": wheel, "kind": "python-wheel"},
                 {"name": sdist, "kind": "source-tarball"},
+                {"name": debug, "kind": "symbols", "place": "GitHub only"},
+                {"name": sbom, "kind": "sbom", "place": "GitHub only"},
                 {"name": SUMS, "kind": "unified-checksum"},
                 {"name": MANIFEST, "kind": "dist-manifest"},
             ],
             "phases": [
                 {"name": "verify source", "does": "tag exists, is HEAD, clean tree, versions equal the tag's"},
                 {"name": "verify baseline", "does": "compare the host with release.toml [baseline]"},
-                {"name": "build", "does": format!("maturin sdist + build --release --locked --compatibility {}", config.baseline.manylinux()?.0)},
+                {"name": "build", "does": format!("maturin sdist + build --release --locked --compatibility {}; the extension stripped, its debug info to {debug}; the SBOM", config.baseline.manylinux()?.0)},
                 {"name": "audit", "does": "platform tag, auditwheel, no vendor runtime bundled or linked, smoke test in a clean venv"},
                 {"name": "checksums", "does": format!("{SUMS} and {MANIFEST}")},
                 {"name": "GitHub draft", "dry_run": "skipped", "target": format!("https://github.com/{owner}/{repo}/releases/tag/{}", tag.name),

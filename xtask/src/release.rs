@@ -27,10 +27,12 @@ pub mod build;
 pub mod github;
 pub mod publish;
 pub mod pypi;
+pub mod sbom;
+pub mod strip;
 pub mod verify;
 
 /// The target triple of the wheel, for the manifest.
-const TARGET_TRIPLE: &str = "x86_64-unknown-linux-gnu";
+pub const TARGET_TRIPLE: &str = "x86_64-unknown-linux-gnu";
 
 impl flags::Release {
     pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
@@ -224,6 +226,9 @@ pub fn manifest(
     let wheel =
         ManifestArtifact::file(&built.wheel, "python-wheel", vec![TARGET_TRIPLE.to_owned()])?;
     let sdist = ManifestArtifact::file(&built.sdist, "source-tarball", vec![])?;
+    // cargo-dist's kinds for debug info and SBOMs; GitHub assets only (`pypi::index_files`).
+    let debug = ManifestArtifact::file(&built.debug, "symbols", vec![TARGET_TRIPLE.to_owned()])?;
+    let sbom = ManifestArtifact::file(&built.sbom, "sbom", vec![])?;
     let sums = ManifestArtifact {
         name: SUMS.to_owned(),
         kind: "unified-checksum".to_owned(),
@@ -233,13 +238,15 @@ pub fn manifest(
     };
     let (owner, repo) = ws.config.github_owner_repo();
     let tag = ReleaseTag::parse(&source.tag)?;
-    let artifacts: BTreeMap<String, ManifestArtifact> = [wheel, sdist, sums]
+    let artifacts: BTreeMap<String, ManifestArtifact> = [wheel, sdist, debug, sbom, sums]
         .into_iter()
         .map(|a| (a.name.clone(), a))
         .collect();
     let upload_files = vec![
         file_name(&built.wheel),
         file_name(&built.sdist),
+        file_name(&built.debug),
+        file_name(&built.sbom),
         SUMS.to_owned(),
         MANIFEST.to_owned(),
     ];

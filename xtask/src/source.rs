@@ -195,6 +195,8 @@ pub struct WheelProject {
     /// `[tool.maturin.sbom] rust` and `auditwheel`, as written (maturin defaults to true).
     pub sbom_rust: Option<bool>,
     pub sbom_auditwheel: Option<bool>,
+    /// `[tool.maturin] features`: the crate's features in the wheel.
+    pub features: Vec<String>,
 }
 
 pub fn wheel_pyproject(project: &Path) -> anyhow::Result<WheelProject> {
@@ -231,5 +233,11 @@ pub fn wheel_pyproject(project: &Path) -> anyhow::Result<WheelProject> {
             .and_then(|v| v.as_str().map(str::to_owned)),
         sbom_rust: get(&["tool", "maturin", "sbom", "rust"]).and_then(|v| v.as_bool()),
         sbom_auditwheel: get(&["tool", "maturin", "sbom", "auditwheel"]).and_then(|v| v.as_bool()),
+        features: get(&["tool", "maturin", "features"])
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
     })
 }

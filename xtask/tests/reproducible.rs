@@ -4,7 +4,8 @@
 //!     cargo test -p xtask --test reproducible -- --nocapture
 //!
 //! Two clones of one commit, at different paths, build with `release <tag> --dry-run` and
-//! `release <tag>`; their wheel, sdist, manifest and sums must be byte-identical. The second
+//! `release <tag>`; their wheel, sdist, debug info, SBOM, manifest and sums must be
+//! byte-identical, and the wheel ships its extension stripped (under 2 MB). The second
 //! publishes to the GitHub Releases stand-in and devpi-server, then publishes again (a re-run
 //! that finds everything identical), and writes the ledger.
 //!
@@ -101,15 +102,51 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
         files(&a.join("target/dist").join(&tag)),
         files(&b.join("target/dist").join(&tag)),
     );
-    assert_eq!(fa.len(), 4);
+    let names: Vec<&str> = fa.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(fa.len(), 6, "{names:?}");
     for ((na, ba), (nb, bb)) in fa.iter().zip(&fb) {
         assert_eq!(na, nb);
         assert!(ba == bb, "{na} differs between the two clones");
     }
+    // The stripped wheel, its debug file (named by the .so's .gnu_debuglink) and the SBOM.
+    let (wheel, wheel_bytes) = fa.iter().find(|(n, _)| n.ends_with(".whl")).unwrap();
+    let debug = wheel.strip_suffix(".whl").unwrap().to_owned() + ".debug";
+    assert!(names.contains(&debug.as_str()), "{names:?}");
+    assert!(names.iter().any(|n| n.ends_with(".cdx.json")), "{names:?}");
+    eprintln!("wheel {wheel}: {} bytes", wheel_bytes.len());
+    assert!(wheel_bytes.len() < 2_000_000, "{} bytes", wheel_bytes.len());
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &fa.iter()
+            .find(|(n, _)| n == "dist-manifest.json")
+            .unwrap()
+            .1,
+    )
+    .unwrap();
+    let stripped = &manifest["build"]["stripped"];
+    eprintln!(
+        "strip: wheel {} -> {} bytes, extension {} -> {} bytes",
+        stripped["wheel_size_before"],
+        stripped["wheel_size_after"],
+        stripped["so_size_before"],
+        stripped["so_size_after"]
+    );
+    assert_eq!(stripped["debug_file"], debug.as_str());
+    let sums = String::from_utf8(
+        fa.iter()
+            .find(|(n, _)| n == "sha256.sum")
+            .unwrap()
+            .1
+            .clone(),
+    )
+    .unwrap();
+    assert!(
+        sums.contains(&format!("  {debug}\n")) && sums.contains(".cdx.json\n"),
+        "{sums}"
+    );
 
     let release = gh.release(&tag).unwrap();
     assert!(!release.draft);
-    assert_eq!(release.assets.len(), 4);
+    assert_eq!(release.assets.len(), 6);
     for (name, bytes) in &fb {
         assert_eq!(
             &release
@@ -138,7 +175,7 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
     eprintln!("{}", again.stderr);
     again.assert_ok();
     assert!(
-        again.stderr.contains("0 uploaded, 4 already identical"),
+        again.stderr.contains("0 uploaded, 6 already identical"),
         "GitHub"
     );
     assert!(

@@ -160,6 +160,11 @@ fn plan_prints_what_release_would_do() {
         "mooncake_transfer_engine_musa-0.1.0-<python>-<abi>-manylinux_2_35_x86_64.whl"
     );
     assert_eq!(names[1], "mooncake_transfer_engine_musa-0.1.0.tar.gz");
+    assert_eq!(
+        names[2],
+        "mooncake_transfer_engine_musa-0.1.0-<python>-<abi>-manylinux_2_35_x86_64.debug"
+    );
+    assert_eq!(names[3], "mooncake_transfer_engine_musa-0.1.0.cdx.json");
     let phases: Vec<&str> = plan["phases"]
         .as_array()
         .unwrap()

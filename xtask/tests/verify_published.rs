@@ -20,6 +20,9 @@ use xtask::checksums::sha256_bytes;
 const TAG: &str = "v0.1.0";
 const WHEEL: &str = "standin_dist-0.1.0-py3-none-any.whl";
 const SDIST: &str = "standin_dist-0.1.0.tar.gz";
+/// GitHub-only assets: the index is not asked for them.
+const DEBUG: &str = "standin_dist-0.1.0-py3-none-any.debug";
+const SBOM: &str = "standin_dist-0.1.0.cdx.json";
 
 /// RELEASES.md with the entry `cargo xtask release` writes for these files.
 fn ledger(files: &[(&str, &[u8])]) -> String {
@@ -53,11 +56,14 @@ fn verify_published_compares_both_places_with_the_ledger() {
     devpi.upload_standin(&index, &uploads);
     let read = |n: &str| std::fs::read(root.join("dist").join(n)).unwrap();
     let (wheel, sdist) = (read(WHEEL), read(SDIST));
+    let (debug, sbom) = (b"debug info".to_vec(), b"{}\n".to_vec());
     let manifest = br#"{"announcement_tag": "v0.1.0"}"#.to_vec();
     let sums = format!(
-        "{}  {WHEEL}\n{}  {SDIST}\n{}  dist-manifest.json\n",
+        "{}  {WHEEL}\n{}  {SDIST}\n{}  {DEBUG}\n{}  {SBOM}\n{}  dist-manifest.json\n",
         sha256_bytes(&wheel),
         sha256_bytes(&sdist),
+        sha256_bytes(&debug),
+        sha256_bytes(&sbom),
         sha256_bytes(&manifest)
     );
     let gh = GitHubStandin::start();
@@ -67,6 +73,8 @@ fn verify_published_compares_both_places_with_the_ledger() {
         &[
             (WHEEL, &wheel),
             (SDIST, &sdist),
+            (DEBUG, &debug),
+            (SBOM, &sbom),
             ("sha256.sum", sums.as_bytes()),
             ("dist-manifest.json", &manifest),
         ],
@@ -75,7 +83,12 @@ fn verify_published_compares_both_places_with_the_ledger() {
     std::fs::write(root.join("release.toml"), toml).unwrap();
     let write_ledger =
         |files: &[(&str, &[u8])]| std::fs::write(root.join("RELEASES.md"), ledger(files)).unwrap();
-    write_ledger(&[(WHEEL, &wheel), (SDIST, &sdist)]);
+    write_ledger(&[
+        (WHEEL, &wheel),
+        (SDIST, &sdist),
+        (DEBUG, &debug),
+        (SBOM, &sbom),
+    ]);
     let env = [
         ("GITHUB_API_URL", gh.url.as_str()),
         ("PYPI_INDEX_URL", index.simple_url.as_str()),
@@ -99,6 +112,16 @@ fn verify_published_compares_both_places_with_the_ledger() {
             run.stderr
         );
     }
+    for name in [DEBUG, SBOM] {
+        assert!(line(&run.stdout, "GitHub", name).ends_with("identical"));
+        assert!(
+            !run.stdout
+                .lines()
+                .any(|l| l.starts_with("index") && l.contains(name)),
+            "{name} is not the index's: {}",
+            run.stdout
+        );
+    }
     assert!(line(&run.stdout, "GitHub", "sha256.sum").ends_with("identical"));
     assert!(line(&run.stdout, "GitHub", "dist-manifest.json").ends_with("identical"));
     gh.assert_no_violations();
@@ -119,7 +142,7 @@ fn verify_published_compares_both_places_with_the_ledger() {
     assert!(line(&run.stdout, "index", SDIST).ends_with("identical"));
     assert!(
         run.stderr
-            .contains("2 of 6 published files of v0.1.0 are not what RELEASES.md records"),
+            .contains("2 of 8 published files of v0.1.0 are not what RELEASES.md records"),
         "{}",
         run.stderr
     );
@@ -127,7 +150,12 @@ fn verify_published_compares_both_places_with_the_ledger() {
     // A ledger that records other bytes: every place differs from it, sha256.sum too.
     gh.tamper(TAG, WHEEL, Some(&wheel));
     gh.tamper(TAG, SDIST, Some(&sdist));
-    write_ledger(&[(WHEEL, b"another build"), (SDIST, &sdist)]);
+    write_ledger(&[
+        (WHEEL, b"another build"),
+        (SDIST, &sdist),
+        (DEBUG, &debug),
+        (SBOM, &sbom),
+    ]);
     let run = verify(&root);
     assert!(!run.success());
     assert!(line(&run.stdout, "GitHub", WHEEL).contains("DIFFERENT"));

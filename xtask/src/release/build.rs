@@ -5,6 +5,10 @@
 //! prefixes are remapped (`/src`, `/cargo`, `/rustup`) so no checkout or home directory reaches
 //! the `.so`, the toolchain is `rust-toolchain.toml`'s, Cargo.lock is `--locked`, and maturin
 //! comes from a hash-locked venv (`xtask/requirements-build.txt`).
+//!
+//! Then the extension is stripped and its debug info becomes the asset `<wheel stem>.debug`
+//! (`strip.rs`), and the wheel's Rust dependency tree the asset `<stem>-<version>.cdx.json`
+//! (`sbom.rs`): both depend on the sources only, like the wheel.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -15,6 +19,7 @@ use serde::Serialize;
 use xshell::{cmd, Shell};
 
 use crate::env;
+use crate::release::{sbom, strip, TARGET_TRIPLE};
 use crate::source::{self, Source};
 use crate::version::dist_file_stem;
 use crate::Workspace;
@@ -26,6 +31,10 @@ pub const BUILD_REQUIREMENTS: &str = "xtask/requirements-build.txt";
 pub struct Built {
     pub wheel: PathBuf,
     pub sdist: PathBuf,
+    /// The extension's debug info, `<wheel stem>.debug` (a GitHub asset, not on the index).
+    pub debug: PathBuf,
+    /// The CycloneDX SBOM of the wheel's Rust crate, `<stem>-<version>.cdx.json`.
+    pub sbom: PathBuf,
     /// Tool name -> version line.
     pub tools: BTreeMap<String, String>,
     /// What made the build reproducible, for the manifest.
@@ -40,6 +49,10 @@ pub struct BuildSettings {
     pub path_prefixes_remapped_to: Vec<String>,
     pub cargo_locked: bool,
     pub maturin_sbom: bool,
+    /// The strip step: the extension in the wheel, its build-id, the debug file, sizes.
+    pub stripped: strip::Stripped,
+    /// The SBOM asset's format.
+    pub sbom: String,
 }
 
 pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Built> {
@@ -68,10 +81,13 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
         (rustup_home, "/rustup"),
         (ws.root.display().to_string(), "/src"),
     ];
-    let rustflags: Vec<String> = remaps
+    let mut rustflags: Vec<String> = remaps
         .iter()
         .map(|(from, to)| format!("--remap-path-prefix={from}={to}"))
         .collect();
+    // A build-id whatever the linker's default: the debug file is found by it. SHA-1 of the
+    // output, so it is as reproducible as the bytes.
+    rustflags.push("-Clink-arg=-Wl,--build-id=sha1".to_owned());
 
     let _env = [
         sh.push_env("SOURCE_DATE_EPOCH", source.commit_time.to_string()),
@@ -93,6 +109,20 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
     .context("cannot build the wheel (maturin build)")?;
 
     let (wheel, sdist) = collect(ws, &stage, &source.version)?;
+    let python = venv.join("bin").join("python");
+    let work = ws.scratch_dir().join("strip");
+    let stripped = strip::strip_wheel(sh, &python, &wheel, &stage, &work)?;
+    eprintln!(
+        "    stripped {}: wheel {} -> {} bytes, extension {} -> {} bytes; debug info in {} \
+         (build-id {})",
+        stripped.member,
+        stripped.wheel_size_before,
+        stripped.wheel_size_after,
+        stripped.so_size_before,
+        stripped.so_size_after,
+        stripped.debug_file,
+        stripped.build_id
+    );
     let dist = ws.dist_dir(&source.tag);
     if dist.exists() {
         fs::remove_dir_all(&dist)?;
@@ -100,6 +130,15 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
     fs::create_dir_all(&dist)?;
     let wheel = move_into(&wheel, &dist)?;
     let sdist = move_into(&sdist, &dist)?;
+    let debug = move_into(&stripped.debug, &dist)?;
+    let so = strip::read_member(sh, &python, &wheel, &work)?;
+    strip::check_pair(&so, &fs::read(&debug)?, &stripped.debug_file)?;
+    let sbom = dist.join(format!(
+        "{}-{}.cdx.json",
+        dist_file_stem(&ws.config.distribution),
+        source.version
+    ));
+    write_sbom(sh, ws, &project, source, &sbom)?;
 
     let mut tools = BTreeMap::new();
     tools.insert("rustc".to_owned(), cmd!(sh, "rustc -V").quiet().read()?);
@@ -108,15 +147,22 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
         "maturin".to_owned(),
         cmd!(sh, "{maturin} --version").quiet().read()?,
     );
-    let python = venv.join("bin").join("python");
+    let objcopy = cmd!(sh, "objcopy --version").quiet().read()?;
+    tools.insert(
+        "objcopy".to_owned(),
+        objcopy.lines().next().unwrap_or_default().to_owned(),
+    );
     tools.insert(
         "python (build tools)".to_owned(),
         cmd!(sh, "{python} --version").quiet().read()?,
     );
 
+    let stripped = strip::Stripped { debug, ..stripped };
     Ok(Built {
         wheel,
         sdist,
+        debug: stripped.debug.clone(),
+        sbom,
         tools,
         settings: BuildSettings {
             source_date_epoch: source.commit_time,
@@ -125,8 +171,26 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
             path_prefixes_remapped_to: remaps.iter().map(|(_, to)| to.to_string()).collect(),
             cargo_locked: true,
             maturin_sbom: false,
+            stripped,
+            sbom: "CycloneDX 1.5 JSON".to_owned(),
         },
     })
+}
+
+/// The SBOM of the wheel's crate with the wheel's features (`[tool.maturin] features`).
+fn write_sbom(
+    sh: &Shell,
+    ws: &Workspace,
+    project: &Path,
+    source: &Source,
+    out: &Path,
+) -> anyhow::Result<()> {
+    let pyproject = source::wheel_pyproject(project)?;
+    let manifest = project.join(pyproject.manifest_path.as_deref().unwrap_or("Cargo.toml"));
+    let metadata = sbom::cargo_metadata(sh, &manifest, &pyproject.features, TARGET_TRIPLE, false)?;
+    let lock = fs::read_to_string(ws.root.join("Cargo.lock")).context("cannot read Cargo.lock")?;
+    fs::write(out, sbom::generate(&metadata, &lock, source.commit_time)?)?;
+    Ok(())
 }
 
 /// What must hold of the sources before maturin runs.

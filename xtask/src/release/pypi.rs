@@ -85,6 +85,12 @@ pub fn index(ws: &Workspace) -> Index {
     }
 }
 
+/// Whether a release file goes to the index, by its name: the wheel and the sdist do; the
+/// debug info, the SBOM, the sums and the manifest are GitHub assets only.
+pub fn goes_to_index(name: &str) -> bool {
+    name.ends_with(".whl") || name.ends_with(".tar.gz")
+}
+
 /// The files of a release that go to the index: the wheel and the sdist.
 pub fn index_files(dist: &Path, manifest: &Manifest) -> Vec<PathBuf> {
     manifest

@@ -99,9 +99,14 @@ pub fn published(ws: &Workspace, tag: &str) -> anyhow::Result<Vec<Check>> {
         assets.get(MANIFEST),
     ));
 
-    let names: Vec<String> = recorded.keys().cloned().collect();
+    // The index holds the wheel and the sdist; the other assets are GitHub's alone.
+    let names: Vec<String> = recorded
+        .keys()
+        .filter(|n| pypi::goes_to_index(n))
+        .cloned()
+        .collect();
     let on_index = pypi::download(&pypi::index(ws), &ws.config.distribution, &names)?;
-    for (name, want) in &recorded {
+    for (name, want) in recorded.iter().filter(|(n, _)| pypi::goes_to_index(n)) {
         checks.push(check("index", name, Some(want), on_index.get(name)));
     }
     Ok(checks)
