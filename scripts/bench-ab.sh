@@ -19,13 +19,14 @@ OUT="$(mktemp -d)"
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$OUT"' EXIT
 
-start_target() {  # start_target BIN NAME -> prints the segment id
+# Not in a $(...) subshell: the targets' pids must reach PIDS, which the trap kills.
+start_target() {  # start_target BIN NAME -> sets SEG
     "$1" --mode=target --local_server_name="$HOST" --buffer_size="$BUFFER_SIZE" \
         >"$OUT/$2.target" 2>&1 </dev/null &
     PIDS+=($!)
     for _ in $(seq 600); do
         if grep -q 'segment_id=' "$OUT/$2.target"; then
-            grep -o 'segment_id=[^ ]*' "$OUT/$2.target" | head -n1 | cut -d= -f2
+            SEG="$(grep -o 'segment_id=[^ ]*' "$OUT/$2.target" | head -n1 | cut -d= -f2)"
             return
         fi
         sleep 0.1
@@ -34,8 +35,10 @@ start_target() {  # start_target BIN NAME -> prints the segment id
     exit 1
 }
 
-SEG_A="$(start_target "$A" a)"
-SEG_B="$(start_target "$B" b)"
+start_target "$A" a
+SEG_A="$SEG"
+start_target "$B" b
+SEG_B="$SEG"
 
 run() {  # run WHICH BIN SEG OP BLOCK BATCH
     "$2" --mode=initiator --local_server_name="$HOST" --segment_id="$3" --operation="$4" \
