@@ -23,8 +23,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use transfer_engine::metadata::handshake::HandshakeServer;
-use transfer_engine::wire::descriptor::{BufferDesc, SegmentDesc};
-use transfer_engine::wire::handshake::MessageType;
 use transfer_engine::wire::tcp::{RequestHeader, Status, HEADER_LEN};
 use transfer_engine::{
     Config, EngineError, HostBuffer, OpCode, Request, TransferEngine, TransferError,
@@ -157,32 +155,8 @@ impl StallingPeer {
                 }
             }
         });
-        let rpc = TcpListener::bind("127.0.0.1:0").unwrap();
-        rpc.set_nonblocking(true).unwrap();
-        let session = format!("127.0.0.1:{}", rpc.local_addr().unwrap().port());
         let remote = 0x7f00_0000_0000;
-        let text = SegmentDesc {
-            name: session.clone(),
-            protocol: vec!["tcp".into()],
-            tcp_data_port: data_port,
-            tcp_data_host: None,
-            tcp_proto_version: 2,
-            timestamp: String::new(),
-            buffers: vec![BufferDesc {
-                name: session.clone(),
-                addr: remote,
-                length: 1 << 30,
-            }],
-        }
-        .encode();
-        let rpc = HandshakeServer::start(
-            rpc,
-            1 << 20,
-            Arc::new(move |kind: MessageType, _: &str| {
-                (kind == MessageType::Metadata).then(|| text.clone())
-            }),
-        )
-        .unwrap();
+        let (session, rpc) = raw_peer::serve_descriptor(data_port, remote);
         Self {
             session,
             remote,
@@ -333,8 +307,9 @@ fn an_async_batch_drained_after_its_deadline_never_writes_into_freed_memory() {
     mem.assert_untouched();
 }
 
-#[test]
-fn unregister_under_a_dribbling_peer_returns_within_a_second_and_nothing_lands_after() {
+/// An engine with 1 MiB registered, and a raw peer writing into it a byte at a time; returns
+/// once the peer's bytes are landing (the write is in progress).
+fn engine_under_a_dribbling_write() -> (TransferEngine, HostBuffer, JoinHandle<()>) {
     let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
     let len = 1 << 20;
     let buf = HostBuffer::new(len);
@@ -342,7 +317,6 @@ fn unregister_under_a_dribbling_peer_returns_within_a_second_and_nothing_lands_a
         .register_memory(buf.addr(), len as u64, "cpu:0")
         .unwrap();
     let data: SocketAddr = format!("127.0.0.1:{}", engine.data_port()).parse().unwrap();
-    let s = TcpStream::connect(data).unwrap();
     let header = RequestHeader {
         size: len as u64,
         addr: buf.addr(),
@@ -350,14 +324,22 @@ fn unregister_under_a_dribbling_peer_returns_within_a_second_and_nothing_lands_a
         v2: true,
     }
     .encode();
-    let stop = Arc::new(AtomicBool::new(false));
-    let dribbler = raw_peer::dribble(s, header.to_vec(), stop.clone());
-    // Wait until the peer's bytes are landing in the region: the write is in progress.
+    let dribbler = raw_peer::dribble(
+        TcpStream::connect(data).unwrap(),
+        header.to_vec(),
+        Arc::new(AtomicBool::new(false)),
+    );
     let t0 = Instant::now();
     while buf.read_at(0, 1).unwrap()[0] != b'x' {
         assert!(t0.elapsed() < Duration::from_secs(30), "no byte landed");
         std::thread::yield_now();
     }
+    (engine, buf, dribbler)
+}
+
+#[test]
+fn unregister_under_a_dribbling_peer_returns_within_a_second_and_nothing_lands_after() {
+    let (engine, buf, dribbler) = engine_under_a_dribbling_write();
     let started = Instant::now();
     engine.unregister_memory(buf.addr()).unwrap();
     let took = started.elapsed();
@@ -370,31 +352,7 @@ fn unregister_under_a_dribbling_peer_returns_within_a_second_and_nothing_lands_a
 
 #[test]
 fn dropping_the_engine_under_a_dribbling_peer_lets_go_of_registered_memory() {
-    let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
-    let len = 1 << 20;
-    let buf = HostBuffer::new(len);
-    engine
-        .register_memory(buf.addr(), len as u64, "cpu:0")
-        .unwrap();
-    let data: SocketAddr = format!("127.0.0.1:{}", engine.data_port()).parse().unwrap();
-    let header = RequestHeader {
-        size: len as u64,
-        addr: buf.addr(),
-        opcode: OpCode::Write,
-        v2: true,
-    }
-    .encode();
-    let stop = Arc::new(AtomicBool::new(false));
-    let dribbler = raw_peer::dribble(
-        TcpStream::connect(data).unwrap(),
-        header.to_vec(),
-        stop.clone(),
-    );
-    let t0 = Instant::now();
-    while buf.read_at(0, 1).unwrap()[0] != b'x' {
-        assert!(t0.elapsed() < Duration::from_secs(30), "no byte landed");
-        std::thread::yield_now();
-    }
+    let (engine, buf, dribbler) = engine_under_a_dribbling_write();
     let started = Instant::now();
     drop(engine);
     assert!(started.elapsed() < Duration::from_secs(5));

@@ -10,13 +10,11 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 
+mod raw_peer;
+
 use std::net::TcpListener;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use transfer_engine::metadata::handshake::HandshakeServer;
-use transfer_engine::wire::descriptor::{BufferDesc, SegmentDesc};
-use transfer_engine::wire::handshake::MessageType;
 use transfer_engine::{Config, EngineError, OpCode, Request, TransferEngine, TransferError};
 
 #[test]
@@ -29,31 +27,7 @@ fn a_stalled_peer_times_out_at_the_upstream_deadline() {
             held.push(s); // keep open, never read
         }
     });
-    let rpc = TcpListener::bind("127.0.0.1:0").unwrap();
-    rpc.set_nonblocking(true).unwrap();
-    let session = format!("127.0.0.1:{}", rpc.local_addr().unwrap().port());
-    let desc = SegmentDesc {
-        name: session.clone(),
-        protocol: vec!["tcp".into()],
-        tcp_data_port: data_port,
-        tcp_data_host: None,
-        tcp_proto_version: 2,
-        timestamp: String::new(),
-        buffers: vec![BufferDesc {
-            name: session.clone(),
-            addr: 0x10000,
-            length: 1 << 30,
-        }],
-    };
-    let text = desc.encode();
-    let _server = HandshakeServer::start(
-        rpc,
-        1 << 20,
-        Arc::new(move |kind: MessageType, _: &str| {
-            (kind == MessageType::Metadata).then(|| text.clone())
-        }),
-    )
-    .unwrap();
+    let (session, _server) = raw_peer::serve_descriptor(data_port, 0x10000);
 
     let config = Config {
         transfer_timeout: Duration::from_secs(5),

@@ -64,3 +64,45 @@ pub fn dribble(mut s: TcpStream, first: Vec<u8>, stop: Arc<AtomicBool>) -> JoinH
         }
     })
 }
+
+/// A stand-in engine's handshake port: serves the descriptor of one segment whose data port
+/// is `data_port` and whose one buffer is `[remote, remote + 1 GiB)`. Returns the session id
+/// and the server (which stops when dropped).
+pub fn serve_descriptor(
+    data_port: u16,
+    remote: u64,
+) -> (
+    String,
+    transfer_engine::metadata::handshake::HandshakeServer,
+) {
+    use transfer_engine::metadata::handshake::HandshakeServer;
+    use transfer_engine::wire::descriptor::{BufferDesc, SegmentDesc};
+    use transfer_engine::wire::handshake::MessageType;
+
+    let rpc = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    rpc.set_nonblocking(true).unwrap();
+    let session = format!("127.0.0.1:{}", rpc.local_addr().unwrap().port());
+    let text = SegmentDesc {
+        name: session.clone(),
+        protocol: vec!["tcp".into()],
+        tcp_data_port: data_port,
+        tcp_data_host: None,
+        tcp_proto_version: 2,
+        timestamp: String::new(),
+        buffers: vec![BufferDesc {
+            name: session.clone(),
+            addr: remote,
+            length: 1 << 30,
+        }],
+    }
+    .encode();
+    let server = HandshakeServer::start(
+        rpc,
+        1 << 20,
+        Arc::new(move |kind: MessageType, _: &str| {
+            (kind == MessageType::Metadata).then(|| text.clone())
+        }),
+    )
+    .unwrap();
+    (session, server)
+}
