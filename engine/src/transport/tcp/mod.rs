@@ -35,8 +35,8 @@ pub struct TcpTransport {
     config: Config,
     host: String,
     data_port: u16,
+    // Dropped before the server (field order): lanes stop, failing queued slices, first.
     links: Mutex<HashMap<(SocketAddr, bool), Arc<PeerLink>>>,
-    // Dropped after the links: stop serving last.
     _server: TcpServer,
 }
 
@@ -186,20 +186,5 @@ impl Transport for TcpTransport {
             );
             drop(link);
         }
-    }
-}
-
-impl Drop for TcpTransport {
-    fn drop(&mut self) {
-        // Stop lanes (failing queued slices) before the server closes.
-        let links: Vec<_> = self.links.lock().drain().map(|(_, l)| l).collect();
-        drop(links);
-    }
-}
-
-impl TcpTransport {
-    /// Peers this transport holds links (lanes and connections) to right now.
-    pub fn link_count(&self) -> usize {
-        self.links.lock().len()
     }
 }
