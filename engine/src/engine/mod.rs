@@ -245,7 +245,16 @@ impl TransferEngine {
     /// error lists every library tried.
     pub fn register_memory(&self, addr: u64, len: u64, location: &str) -> Result<(), EngineError> {
         let location = resolve_location(addr, location)?;
-        self.inner.memory.register(addr, len, &location)?;
+        let region = self.inner.memory.register(addr, len, &location)?;
+        for (i, t) in self.inner.transports.iter().enumerate() {
+            if let Err(e) = t.on_register(&region) {
+                let region = self.inner.memory.unregister(addr)?;
+                for done in self.inner.transports.iter().take(i) {
+                    done.on_unregister(&region);
+                }
+                return Err(e.into());
+            }
+        }
         Ok(self.inner.store.publish(&self.inner.local_desc())?)
     }
 
@@ -253,7 +262,10 @@ impl TransferEngine {
     /// it: peer connections in the middle of an access to it are cut (the peer sees its
     /// request fail), not waited for.
     pub fn unregister_memory(&self, addr: u64) -> Result<(), EngineError> {
-        self.inner.memory.unregister(addr)?;
+        let region = self.inner.memory.unregister(addr)?;
+        for t in &self.inner.transports {
+            t.on_unregister(&region);
+        }
         Ok(self.inner.store.publish(&self.inner.local_desc())?)
     }
 
@@ -414,6 +426,13 @@ impl Inner {
             },
             MessageType::Probe => Some(PROBE_REPLY.to_string()),
             MessageType::Connection => {
+                if let Some(reply) = self
+                    .transports
+                    .iter()
+                    .find_map(|t| t.handle_connection(json))
+                {
+                    return Some(reply);
+                }
                 tracing::warn!("RDMA connection request refused: this engine serves TCP only");
                 Some(
                     serde_json::json!({
@@ -567,7 +586,11 @@ impl Drop for TransferEngine {
         // wait until they let go, so the caller may free that memory once this returns.
         // (Connections to peers, and with them every access to local buffers, are closed
         // and joined when the transports drop with `inner`.)
-        self.inner.memory.unregister_all();
+        for region in self.inner.memory.unregister_all() {
+            for t in &self.inner.transports {
+                t.on_unregister(&region);
+            }
+        }
         // Remove our entries from the metadata store (a no-op in P2P mode).
         self.inner.store.leave();
     }

@@ -208,8 +208,13 @@ impl MemoryRegistry {
         Self::default()
     }
 
-    /// Registers `[addr, addr+len)`.
-    pub fn register(&self, addr: u64, len: u64, location: &str) -> Result<(), MemoryError> {
+    /// Registers `[addr, addr+len)` and returns the new region.
+    pub fn register(
+        &self,
+        addr: u64,
+        len: u64,
+        location: &str,
+    ) -> Result<Arc<Region>, MemoryError> {
         let invalid = |why| MemoryError::InvalidArgument { addr, len, why };
         if len == 0 {
             return Err(invalid("length is 0"));
@@ -230,41 +235,40 @@ impl MemoryRegistry {
                 other_len: r.len,
             });
         }
-        map.insert(
+        let region = Arc::new(Region {
             addr,
-            Arc::new(Region {
-                addr,
-                len,
-                location: location.to_string(),
-                device: crate::device::Vendor::parse_location(location),
-                pins: Mutex::new(Pins::default()),
-                unpinned: Condvar::new(),
-            }),
-        );
-        Ok(())
+            len,
+            location: location.to_string(),
+            device: crate::device::Vendor::parse_location(location),
+            pins: Mutex::new(Pins::default()),
+            unpinned: Condvar::new(),
+        });
+        map.insert(addr, region.clone());
+        Ok(region)
     }
 
-    /// Removes the region starting at `addr`; returns once no access to it is in
+    /// Removes the region starting at `addr`; returns it once no access to it is in
     /// progress, cutting the connections that still hold it.
-    pub fn unregister(&self, addr: u64) -> Result<(), MemoryError> {
+    pub fn unregister(&self, addr: u64) -> Result<Arc<Region>, MemoryError> {
         let region = self
             .regions
             .write()
             .remove(&addr)
             .ok_or(MemoryError::NotRegistered(addr))?;
         region.retire();
-        Ok(())
+        Ok(region)
     }
 
     /// Unregisters every region, as [`unregister`](Self::unregister) does each (the engine
-    /// shutting down).
-    pub fn unregister_all(&self) {
+    /// shutting down), and returns them.
+    pub fn unregister_all(&self) -> Vec<Arc<Region>> {
         let regions: Vec<Arc<Region>> = std::mem::take(&mut *self.regions.write())
             .into_values()
             .collect();
-        for r in regions {
+        for r in &regions {
             r.retire();
         }
+        regions
     }
 
     /// The region holding all of `[addr, addr+len)`, if any.
@@ -314,8 +318,8 @@ mod tests {
         m.unregister(0x1000).unwrap();
         assert!(m.find(0x1800, 1).is_none());
         assert_eq!(
-            m.unregister(0x1000),
-            Err(MemoryError::NotRegistered(0x1000))
+            m.unregister(0x1000).err(),
+            Some(MemoryError::NotRegistered(0x1000))
         );
         assert_eq!(m.snapshot(), vec![(0x3000, 0x100, "cpu:0".to_string())]);
     }

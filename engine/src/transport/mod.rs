@@ -85,6 +85,22 @@ pub trait Transport: Send + Sync {
 
     /// Drops per-peer state (connections, threads) that went idle or whose peer is gone.
     fn evict_idle(&self) {}
+
+    /// A region was registered: prepare what peers need to reach it (memory keys, IPC
+    /// handles). An error fails the registration, which is then undone.
+    fn on_register(&self, _region: &Arc<Region>) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    /// A region was unregistered and no engine thread touches it any more: release what
+    /// [`on_register`](Self::on_register) prepared.
+    fn on_unregister(&self, _region: &Arc<Region>) {}
+
+    /// Answers a peer's connection request (handshake type 0, upstream's RDMA endpoint
+    /// setup), if this transport serves it.
+    fn handle_connection(&self, _json: &str) -> Option<String> {
+        None
+    }
 }
 
 /// One piece of a request, as a transport moves it.
