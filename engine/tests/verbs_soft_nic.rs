@@ -1,0 +1,478 @@
+//! The verbs wrappers (`transfer_engine::verbs`) driven for real over the soft NIC
+//! (`tests/soft_nic/`, a SOFTWARE stand-in for `libibverbs.so.1` selected through
+//! `MC_IBVERBS_PATH`): two processes on one soft fabric, each loading the library the
+//! way the engine does, checking the device list, port and GID table against the soft
+//! NIC's contract, registering memory, connecting RC queue pairs to RTS and moving
+//! bytes with RDMA WRITE and READ, verified at both ends; then a bad rkey, which must
+//! complete with a typed remote access error and flush what follows.
+//!
+//! Both sides are children (this test binary re-run with the fabric's environment), so
+//! the test process never changes its own environment; they talk through the parent,
+//! which relays one line each way.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
+mod common;
+mod soft_nic;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{fnv, pattern, Buf};
+use soft_nic::{gid_text, SoftFabric};
+use transfer_engine::verbs::{
+    access, Completion, Context, Cq, LinkLayer, Mtu, PortState, Qp, QpCaps, RtrAttr, RtsAttr,
+    SendWr, Verbs, VerbsError, WcOpcode, WcStatus, WrOp,
+};
+
+const ROLE: &str = "VERBS_SOFT_NIC_ROLE";
+const HCAS: [&str; 2] = ["soft_0", "soft_1"];
+/// The target's buffer: large enough for many slices, with an odd tail.
+const LEN: usize = (4 << 20) + 4093;
+const SLICE: usize = 64 << 10;
+
+// ---------------------------------------------------------------------------------------
+// Shared by both children.
+// ---------------------------------------------------------------------------------------
+
+/// A GID in sysfs text form (`fe80:0000:...`) as 16 bytes.
+fn gid_bytes(text: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, group) in text.split(':').enumerate() {
+        let v = u16::from_str_radix(group, 16).unwrap();
+        out[2 * i..2 * i + 2].copy_from_slice(&v.to_be_bytes());
+    }
+    out
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
+    }
+    out
+}
+
+/// Loads the library from the environment (as the engine does), checks the device list
+/// and the port/GID contract for every HCA, and opens `hca`.
+fn open_checked(hca: &str) -> Arc<Context> {
+    let verbs = Verbs::load().unwrap();
+    assert!(
+        verbs.path().ends_with("libibverbs.so.1"),
+        "{}",
+        verbs.path()
+    );
+    let devs = verbs.devices().unwrap();
+    let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, HCAS);
+    match verbs.open("mlx5_0").unwrap_err() {
+        VerbsError::NoSuchDevice { name, available } => {
+            assert_eq!(name, "mlx5_0");
+            assert_eq!(available, HCAS);
+        }
+        other => panic!("expected NoSuchDevice, got {other:?}"),
+    }
+    for (i, name) in HCAS.iter().enumerate() {
+        let ctx = verbs.open(name).unwrap();
+        assert_eq!(ctx.name(), *name);
+        let port = ctx.query_port(1).unwrap();
+        assert_eq!(port.state, PortState::Active, "{name}");
+        assert_eq!(port.lid, 0);
+        assert_eq!(port.active_mtu, Some(Mtu::Mtu4096));
+        assert_eq!(port.link_layer, LinkLayer::Ethernet);
+        assert_eq!(port.gid_tbl_len, 2);
+        for g in 0..2 {
+            assert_eq!(
+                ctx.query_gid(1, g).unwrap(),
+                gid_bytes(&gid_text(i, g as usize)),
+                "{name} gid {g}"
+            );
+        }
+        let dev = ctx.query_device().unwrap();
+        assert!(dev.phys_port_cnt >= 1 && dev.max_qp_wr > 0, "{dev:?}");
+    }
+    verbs.open(hca).unwrap()
+}
+
+/// A connected-to-be QP on `ctx` (INIT, with remote read and write allowed).
+fn new_qp(ctx: &Arc<Context>) -> (Arc<transfer_engine::verbs::Pd>, Arc<Cq>, Arc<Qp>) {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1024).unwrap();
+    let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+    assert!(qp.caps().max_send_wr >= 256);
+    qp.to_init(
+        1,
+        0,
+        access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
+    )
+    .unwrap();
+    (pd, cq, qp)
+}
+
+/// INIT → RTR → RTS towards the peer, over RoCE v2 (GID index 1) with upstream's values.
+fn connect(ctx: &Context, qp: &Qp, peer_qpn: u32, peer_gid: [u8; 16]) {
+    let port = ctx.query_port(1).unwrap();
+    qp.to_rtr(&RtrAttr {
+        path_mtu: port.active_mtu.unwrap().min(Mtu::Mtu4096),
+        dest_qp_num: peer_qpn,
+        dgid: peer_gid,
+        sgid_index: 1,
+        ..RtrAttr::default()
+    })
+    .unwrap();
+    qp.to_rts(&RtsAttr::default()).unwrap();
+}
+
+fn say(line: String) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "\n@@{line}").unwrap();
+    out.flush().unwrap();
+}
+
+fn hear() -> String {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    line.trim().to_string()
+}
+
+/// Polls until `n` completions arrived (5 s at most).
+fn wait_for(cq: &Cq, n: usize) -> Vec<Completion> {
+    let mut got = Vec::new();
+    let mut buf = [Completion::default(); 8];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < n {
+        let k = cq.poll(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..k]);
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} completions",
+            got.len()
+        );
+        if k == 0 {
+            std::thread::yield_now();
+        }
+    }
+    got
+}
+
+// ---------------------------------------------------------------------------------------
+// The two children.
+// ---------------------------------------------------------------------------------------
+
+/// Target: exposes a patterned buffer, connects, then reports its hash when asked.
+fn target() {
+    let ctx = open_checked("soft_1");
+    let (pd, _cq, qp) = new_qp(&ctx);
+    let buf = Buf::new(LEN);
+    buf.write_at(0, &pattern(LEN, 1)).unwrap();
+    let access = access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE;
+    // SAFETY: `buf` outlives `mr` (dropped first, below).
+    let mr = unsafe { pd.reg_mr(buf.addr(), LEN, access) }.unwrap();
+    let gid = ctx.query_gid(1, 1).unwrap();
+    say(format!(
+        "INFO {} {} {} {} {}",
+        qp.qp_num(),
+        hex(&gid),
+        buf.addr(),
+        LEN,
+        mr.rkey()
+    ));
+    let peer = hear();
+    let mut it = peer.split_whitespace();
+    let (qpn, pgid) = (
+        it.next().unwrap().parse().unwrap(),
+        unhex(it.next().unwrap()),
+    );
+    connect(&ctx, &qp, qpn, pgid);
+    say("READY".into());
+    while hear() == "HASH" {
+        say(format!("HASH {}", fnv(&buf.to_vec())));
+    }
+    drop(mr);
+}
+
+/// Initiator: connects, reads, writes, reads back, then checks a bad rkey.
+fn initiator() {
+    let ctx = open_checked("soft_0");
+    let (pd, cq, qp) = new_qp(&ctx);
+    let local = Buf::new(LEN);
+    let access = access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE;
+    // SAFETY: `local` outlives `mr`.
+    let mr = unsafe { pd.reg_mr(local.addr(), LEN, access) }.unwrap();
+
+    // Posting before the QP is connected is refused by the library, not crashed on.
+    // SAFETY: the range is registered; the post is refused, so nothing is touched.
+    let early = unsafe { qp.post_write(1, local.addr(), 8, mr.lkey(), 0, 0, true) };
+    assert!(
+        matches!(early, Err(VerbsError::Failed { verb: "ibv_post_send", errno, .. }) if errno == libc::EINVAL),
+        "{early:?}"
+    );
+
+    let gid = ctx.query_gid(1, 1).unwrap();
+    say(format!("INFO {} {}", qp.qp_num(), hex(&gid)));
+    let peer = hear();
+    let f: Vec<&str> = peer.split_whitespace().collect();
+    let (qpn, pgid, raddr, rlen, rkey): (u32, _, u64, usize, u32) = (
+        f[0].parse().unwrap(),
+        unhex(f[1]),
+        f[2].parse().unwrap(),
+        f[3].parse().unwrap(),
+        f[4].parse().unwrap(),
+    );
+    assert_eq!(rlen, LEN);
+    connect(&ctx, &qp, qpn, pgid);
+    assert_eq!(hear(), "GO");
+
+    let slices = |op: WrOp, first_id: u64| -> Vec<SendWr> {
+        (0..LEN)
+            .step_by(SLICE)
+            .enumerate()
+            .map(|(i, off)| SendWr {
+                wr_id: first_id + i as u64,
+                op,
+                local_addr: local.addr() + off as u64,
+                len: SLICE.min(LEN - off) as u32,
+                lkey: mr.lkey(),
+                remote_addr: raddr + off as u64,
+                rkey,
+                signaled: true,
+            })
+            .collect()
+    };
+
+    // 1. READ the target's pattern, in slices posted as one batch (several doorbells).
+    let reads = slices(WrOp::Read, 1000);
+    // SAFETY: every slice lies in `local`'s MR, untouched until the completions are polled.
+    unsafe { qp.post_batch(&reads) }.unwrap();
+    let done = wait_for(&cq, reads.len());
+    let mut ids: Vec<u64> = done.iter().map(|c| c.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, reads.iter().map(|w| w.wr_id).collect::<Vec<_>>());
+    for c in &done {
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+        assert_eq!(c.opcode, WcOpcode::RdmaRead);
+        assert_eq!(c.qp_num, qp.qp_num());
+    }
+    assert!(local.to_vec() == pattern(LEN, 1), "READ bytes differ");
+
+    // 2. WRITE a new pattern; only the last slice is signaled (RC completes in order).
+    let data = pattern(LEN, 2);
+    local.write_at(0, &data).unwrap();
+    let mut writes = slices(WrOp::Write, 2000);
+    let last = writes.len() - 1;
+    for (i, w) in writes.iter_mut().enumerate() {
+        w.signaled = i == last;
+    }
+    // SAFETY: as above.
+    unsafe { qp.post_batch(&writes) }.unwrap();
+    let done = wait_for(&cq, 1);
+    assert_eq!(done[0].wr_id, writes[last].wr_id);
+    assert_eq!(
+        (done[0].status, done[0].opcode),
+        (WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    say("WRITTEN".into());
+
+    // 3. READ it back into a cleared buffer with the single-WR calls.
+    local.fill(0);
+    for (i, off) in (0..LEN).step_by(SLICE).enumerate() {
+        let len = SLICE.min(LEN - off) as u32;
+        // SAFETY: as above.
+        unsafe {
+            qp.post_read(
+                3000 + i as u64,
+                local.addr() + off as u64,
+                len,
+                mr.lkey(),
+                raddr + off as u64,
+                rkey,
+                true,
+            )
+        }
+        .unwrap();
+    }
+    let done = wait_for(&cq, LEN.div_ceil(SLICE));
+    assert!(done.iter().all(|c| c.status.is_success()));
+    assert!(local.to_vec() == data, "bytes read back differ");
+
+    // 4. A bad rkey: remote access error, typed; the QP errs and the next WR is flushed.
+    // SAFETY: as above.
+    unsafe {
+        qp.post_write(
+            4000,
+            local.addr(),
+            4096,
+            mr.lkey(),
+            raddr,
+            rkey ^ 0x5a5a,
+            true,
+        )
+    }
+    .unwrap();
+    // SAFETY: as above.
+    unsafe { qp.post_write(4001, local.addr(), 4096, mr.lkey(), raddr, rkey, false) }.unwrap();
+    let done = wait_for(&cq, 2);
+    assert_eq!(done[0].wr_id, 4000);
+    assert_eq!(done[0].status, WcStatus::RemAccessErr, "{:?}", done[0]);
+    assert_eq!(done[0].status_raw, 10);
+    assert_eq!(
+        ctx.verbs().wc_status_str(done[0].status_raw),
+        WcStatus::RemAccessErr.to_string()
+    );
+    assert_eq!(done[1].wr_id, 4001);
+    assert_eq!(done[1].status, WcStatus::WrFlushErr, "{:?}", done[1]);
+
+    // 5. The QP can be reset and connected again: the rebuild path after an error.
+    qp.to_reset().unwrap();
+    qp.to_init(1, 0, access).unwrap();
+    connect(&ctx, &qp, qpn, pgid);
+    // SAFETY: as above.
+    unsafe { qp.post_read(5000, local.addr(), 4096, mr.lkey(), raddr, rkey, true) }.unwrap();
+    let done = wait_for(&cq, 1);
+    assert_eq!(done[0].status, WcStatus::Success, "{:?}", done[0]);
+
+    // Objects dropped out of order: the Arcs keep each parent until its children are gone.
+    drop(ctx);
+    drop(pd);
+    drop(cq);
+    drop(qp);
+    drop(mr);
+    say("DONE".into());
+}
+
+#[test]
+fn child_role() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("target") => target(),
+        Ok("initiator") => initiator(),
+        Ok("list") => {
+            let verbs = Verbs::load().unwrap();
+            match verbs.devices() {
+                Ok(d) => say(format!("LIST {d:?}")),
+                Err(e) => say(format!("LIST {e:?} | {e}")),
+            }
+        }
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The parent.
+// ---------------------------------------------------------------------------------------
+
+struct Side {
+    child: Child,
+    stdin: ChildStdin,
+    lines: std::io::Lines<BufReader<ChildStdout>>,
+    name: &'static str,
+}
+
+impl Side {
+    fn spawn(fabric: &SoftFabric, role: &'static str) -> Self {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
+            .env(ROLE, role)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        fabric.apply_to(&mut cmd);
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Side {
+            child,
+            stdin,
+            lines,
+            name: role,
+        }
+    }
+
+    /// The next `@@` line; panics with the child's exit status if it ended.
+    fn expect(&mut self, tag: &str) -> String {
+        for line in self.lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(at) = line.find("@@") {
+                let msg = line[at + 2..].to_string();
+                assert!(
+                    msg.starts_with(tag),
+                    "{} said {msg:?}, expected {tag}",
+                    self.name
+                );
+                return msg[tag.len()..].trim().to_string();
+            }
+        }
+        let status = self.child.wait().unwrap();
+        panic!(
+            "{} ended ({status}) before saying {tag}; see its panic above",
+            self.name
+        );
+    }
+
+    fn tell(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn finish(mut self) {
+        drop(self.stdin);
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{} failed: {status}", self.name);
+    }
+}
+
+#[test]
+fn two_processes_write_and_read_over_the_soft_nic() {
+    let fabric = SoftFabric::new(&HCAS);
+    let mut target = Side::spawn(&fabric, "target");
+    let mut initiator = Side::spawn(&fabric, "initiator");
+    let t_info = target.expect("INFO");
+    let i_info = initiator.expect("INFO");
+    target.tell(&i_info);
+    initiator.tell(&t_info);
+    target.expect("READY");
+    initiator.tell("GO");
+    initiator.expect("WRITTEN");
+    target.tell("HASH");
+    let hash: u64 = target.expect("HASH").parse().unwrap();
+    assert_eq!(
+        hash,
+        fnv(&pattern(LEN, 2)),
+        "the target does not hold the written bytes"
+    );
+    initiator.expect("DONE");
+    initiator.finish();
+    target.tell("EXIT");
+    target.finish();
+}
+
+/// A soft NIC fabric with no HCA (`SOFTNIC_HCAS=""`): the library loads and lists
+/// nothing, which is `VerbsUnavailable::NoDevice` naming the library.
+#[test]
+fn a_fabric_without_hcas_is_no_device() {
+    let fabric = SoftFabric::new(&[]);
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
+        .env(ROLE, "list");
+    fabric.apply_to(&mut cmd);
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let at = text
+        .find("@@")
+        .unwrap_or_else(|| panic!("no answer in {text}"));
+    let line = text[at + 2..].lines().next().unwrap();
+    assert!(line.starts_with("LIST Unavailable(NoDevice"), "{line}");
+    assert!(
+        line.contains("no RDMA device") && line.contains("libibverbs.so.1"),
+        "{line}"
+    );
+}
