@@ -452,6 +452,23 @@ fn checks() -> Checks {
         ]
     );
     field!(ck, "struct ibv_wc", ibv_wc, "invalidated_rkey" => imm_data);
+    layout!(
+        ck,
+        "struct ibv_async_event",
+        ibv_async_event,
+        [element, event_type]
+    );
+    nested!(
+        ck,
+        "ibv_async_event.element",
+        "((struct ibv_async_event *)0)->element",
+        ibv_async_event_element
+    );
+    field!(ck, "struct ibv_async_event", ibv_async_event, "element.cq" => element.cq);
+    field!(ck, "struct ibv_async_event", ibv_async_event, "element.qp" => element.qp);
+    field!(ck, "struct ibv_async_event", ibv_async_event, "element.srq" => element.srq);
+    field!(ck, "struct ibv_async_event", ibv_async_event, "element.wq" => element.wq);
+    field!(ck, "struct ibv_async_event", ibv_async_event, "element.port_num" => element.port_num);
 
     consts!(
         ck,
@@ -569,6 +586,26 @@ fn checks() -> Checks {
             IBV_LINK_LAYER_UNSPECIFIED,
             IBV_LINK_LAYER_INFINIBAND,
             IBV_LINK_LAYER_ETHERNET,
+            IBV_EVENT_CQ_ERR,
+            IBV_EVENT_QP_FATAL,
+            IBV_EVENT_QP_REQ_ERR,
+            IBV_EVENT_QP_ACCESS_ERR,
+            IBV_EVENT_COMM_EST,
+            IBV_EVENT_SQ_DRAINED,
+            IBV_EVENT_PATH_MIG,
+            IBV_EVENT_PATH_MIG_ERR,
+            IBV_EVENT_DEVICE_FATAL,
+            IBV_EVENT_PORT_ACTIVE,
+            IBV_EVENT_PORT_ERR,
+            IBV_EVENT_LID_CHANGE,
+            IBV_EVENT_PKEY_CHANGE,
+            IBV_EVENT_SM_CHANGE,
+            IBV_EVENT_SRQ_ERR,
+            IBV_EVENT_SRQ_LIMIT_REACHED,
+            IBV_EVENT_QP_LAST_WQE_REACHED,
+            IBV_EVENT_CLIENT_REREGISTER,
+            IBV_EVENT_GID_CHANGE,
+            IBV_EVENT_WQ_FATAL,
         ]
     );
     ck

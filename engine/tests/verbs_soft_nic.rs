@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use common::{fnv, pattern, Buf};
 use soft_nic::{gid_text, SoftFabric};
 use transfer_engine::verbs::{
-    access, Completion, Context, Cq, LinkLayer, Mtu, PortState, Qp, QpCaps, RtrAttr, RtsAttr,
-    SendWr, Verbs, VerbsError, WcOpcode, WcStatus, WrOp,
+    access, AsyncEventKind, Completion, Context, Cq, LinkLayer, Mtu, PortState, Qp, QpCaps,
+    RtrAttr, RtsAttr, SendWr, Verbs, VerbsError, WcOpcode, WcStatus, WrOp,
 };
 
 const ROLE: &str = "VERBS_SOFT_NIC_ROLE";
@@ -350,21 +350,21 @@ fn initiator() {
     say("DONE".into());
 }
 
-/// Two QPs of one context connected to each other: WRITE from one buffer into another
-/// and READ it back, bytes verified; both QPs polled through one shared CQ from two
-/// threads at once (the wrappers are `Send + Sync`; the library locks).
-fn loopback(ctx: &Arc<Context>, gid_index: u32) {
-    let (pd, cq, a) = new_qp(ctx);
+/// Two QPs of one context on one CQ of `cqe` entries, connected to each other.
+fn pair(
+    ctx: &Arc<Context>,
+    gid_index: u32,
+    cqe: u32,
+) -> (Arc<transfer_engine::verbs::Pd>, Arc<Cq>, Arc<Qp>, Arc<Qp>) {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(cqe).unwrap();
+    let acc = access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE;
+    let a = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
     let b = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
-    b.to_init(
-        1,
-        0,
-        access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
-    )
-    .unwrap();
     let gid = ctx.query_gid(1, gid_index).unwrap();
     let port = ctx.query_port(1).unwrap();
     for (qp, peer) in [(&a, &b), (&b, &a)] {
+        qp.to_init(1, 0, acc).unwrap();
         qp.to_rtr(&RtrAttr {
             path_mtu: port.active_mtu.unwrap().min(Mtu::Mtu4096),
             dest_qp_num: peer.qp_num(),
@@ -377,6 +377,14 @@ fn loopback(ctx: &Arc<Context>, gid_index: u32) {
         .unwrap();
         qp.to_rts(&RtsAttr::default()).unwrap();
     }
+    (pd, cq, a, b)
+}
+
+/// Two QPs of one context connected to each other: WRITE from one buffer into another
+/// and READ it back, bytes verified; both QPs polled through one shared CQ from two
+/// threads at once (the wrappers are `Send + Sync`; the library locks).
+fn loopback(ctx: &Arc<Context>, gid_index: u32) {
+    let (pd, cq, a, b) = pair(ctx, gid_index, 1024);
     let len = 1 << 20;
     let (src, dst, back) = (Buf::new(len), Buf::new(len), Buf::new(len));
     src.write_at(0, &pattern(len, 3)).unwrap();
@@ -438,20 +446,34 @@ fn loopback(ctx: &Arc<Context>, gid_index: u32) {
     drop(mrs);
 }
 
+/// Runs `role` in a child on `fabric`; asserts it succeeded and said `@@<expect>`.
+fn run_role(fabric: &SoftFabric, role: &str, expect: &str) -> String {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
+        .env(ROLE, role);
+    fabric.apply_to(&mut cmd);
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && text.contains(&format!("@@{expect}")),
+        "{role}: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 #[test]
 fn one_context_loopback_with_a_shared_cq_polled_from_another_thread() {
     let fabric = SoftFabric::new(&HCAS);
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
-        .env(ROLE, "loopback");
-    fabric.apply_to(&mut cmd);
-    let out = cmd.output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && text.contains("@@LOOPBACK ok"),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_role(&fabric, "loopback", "LOOPBACK ok");
+}
+
+/// A CQ of 4 entries overrun by 8 signaled WRITEs raises `IBV_EVENT_CQ_ERR`, delivered by
+/// `Context::wait_async_event`; before that, waiting times out with `None`.
+#[test]
+fn a_cq_overrun_is_an_async_event() {
+    let fabric = SoftFabric::new(&HCAS);
+    run_role(&fabric, "events", "EVENTS ok");
 }
 
 /// The same loopback on a real HCA: needs hardware this project's machines lack, so
@@ -478,6 +500,41 @@ fn child_role() {
             let ctx = open_checked("soft_1");
             loopback(&ctx, 1);
             say("LOOPBACK ok".into());
+        }
+        Ok("events") => {
+            let ctx = open_checked("soft_0");
+            assert_eq!(
+                ctx.wait_async_event(Duration::from_millis(50)).unwrap(),
+                None
+            );
+            let (pd, _cq, a, _b) = pair(&ctx, 1, 4);
+            let buf = Buf::new(4096);
+            // SAFETY: `buf` outlives `mr`.
+            let mr =
+                unsafe { pd.reg_mr(buf.addr(), 4096, access::LOCAL_WRITE | access::REMOTE_WRITE) }
+                    .unwrap();
+            for i in 0..8 {
+                // SAFETY: both ends in `mr`; completions are deliberately never polled.
+                unsafe {
+                    a.post_write(
+                        i,
+                        buf.addr(),
+                        64,
+                        mr.lkey(),
+                        buf.addr() + 2048,
+                        mr.rkey(),
+                        true,
+                    )
+                }
+                .unwrap();
+            }
+            let ev = ctx
+                .wait_async_event(Duration::from_secs(5))
+                .unwrap()
+                .unwrap();
+            assert_eq!(ev.kind, AsyncEventKind::CqErr, "{ev:?}");
+            assert_eq!((ev.qp_num, ev.port), (None, None));
+            say("EVENTS ok".into());
         }
         Ok("list") => {
             let verbs = Verbs::load().unwrap();
@@ -583,13 +640,7 @@ fn two_processes_write_and_read_over_the_soft_nic() {
 #[test]
 fn a_fabric_without_hcas_is_no_device() {
     let fabric = SoftFabric::new(&[]);
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
-        .env(ROLE, "list");
-    fabric.apply_to(&mut cmd);
-    let out = cmd.output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let text = run_role(&fabric, "list", "LIST");
     let at = text
         .find("@@")
         .unwrap_or_else(|| panic!("no answer in {text}"));

@@ -13,6 +13,9 @@ pub struct Context {
     pub(super) verbs: Arc<Verbs>,
     pub(super) ctx: *mut ffi::ibv_context,
     name: String,
+    /// Serialises [`Context::wait_async_event`]: two waiters woken by one
+    /// event must not both read the fd (the second would block).
+    pub(super) async_lock: parking_lot::Mutex<()>,
 }
 
 // SAFETY: an `ibv_context` may be used from any thread (rdma-core's verbs
@@ -200,7 +203,12 @@ struct PortAttrSpace {
 
 impl Context {
     pub(super) fn new(verbs: Arc<Verbs>, ctx: *mut ffi::ibv_context, name: String) -> Self {
-        Self { verbs, ctx, name }
+        Self {
+            verbs,
+            ctx,
+            name,
+            async_lock: parking_lot::Mutex::new(()),
+        }
     }
 
     /// The device name.

@@ -160,6 +160,28 @@ pub const IBV_LINK_LAYER_UNSPECIFIED: u8 = 0;
 pub const IBV_LINK_LAYER_INFINIBAND: u8 = 1;
 pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
 
+// enum ibv_event_type
+pub const IBV_EVENT_CQ_ERR: c_uint = 0;
+pub const IBV_EVENT_QP_FATAL: c_uint = 1;
+pub const IBV_EVENT_QP_REQ_ERR: c_uint = 2;
+pub const IBV_EVENT_QP_ACCESS_ERR: c_uint = 3;
+pub const IBV_EVENT_COMM_EST: c_uint = 4;
+pub const IBV_EVENT_SQ_DRAINED: c_uint = 5;
+pub const IBV_EVENT_PATH_MIG: c_uint = 6;
+pub const IBV_EVENT_PATH_MIG_ERR: c_uint = 7;
+pub const IBV_EVENT_DEVICE_FATAL: c_uint = 8;
+pub const IBV_EVENT_PORT_ACTIVE: c_uint = 9;
+pub const IBV_EVENT_PORT_ERR: c_uint = 10;
+pub const IBV_EVENT_LID_CHANGE: c_uint = 11;
+pub const IBV_EVENT_PKEY_CHANGE: c_uint = 12;
+pub const IBV_EVENT_SM_CHANGE: c_uint = 13;
+pub const IBV_EVENT_SRQ_ERR: c_uint = 14;
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_uint = 15;
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: c_uint = 16;
+pub const IBV_EVENT_CLIENT_REREGISTER: c_uint = 17;
+pub const IBV_EVENT_GID_CHANGE: c_uint = 18;
+pub const IBV_EVENT_WQ_FATAL: c_uint = 19;
+
 /// A function-pointer slot the engine never calls.
 pub type unused_fn = Option<unsafe extern "C" fn()>;
 
@@ -596,6 +618,25 @@ pub struct ibv_wc {
     pub slid: u16,
     pub sl: u8,
     pub dlid_path_bits: u8,
+}
+
+/// `ibv_async_event.element`: which object the event is about.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ibv_async_event_element {
+    pub cq: *mut ibv_cq,
+    pub qp: *mut ibv_qp,
+    pub srq: *mut c_void,
+    pub wq: *mut c_void,
+    pub port_num: c_int,
+}
+
+/// `struct ibv_async_event`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_async_event {
+    pub element: ibv_async_event_element,
+    pub event_type: c_uint,
 }
 
 impl ibv_send_wr {

@@ -86,6 +86,9 @@ pub(super) struct Api {
     pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
     pub wc_status_str: Option<unsafe extern "C" fn(c_uint) -> *const c_char>,
+    pub get_async_event:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_async_event) -> c_int>,
+    pub ack_async_event: Option<unsafe extern "C" fn(*mut ibv_async_event)>,
 }
 
 /// Looks up `name` at `version`, then unversioned.
@@ -157,6 +160,8 @@ pub(super) fn resolve(lib: Library) -> (Library, Result<Api, String>) {
             destroy_qp: f(req("ibv_destroy_qp", "IBVERBS_1.1")?),
             modify_qp: f(req("ibv_modify_qp", "IBVERBS_1.1")?),
             wc_status_str: opt("ibv_wc_status_str", "IBVERBS_1.1").map(|p| f(p)),
+            get_async_event: opt("ibv_get_async_event", "IBVERBS_1.1").map(|p| f(p)),
+            ack_async_event: opt("ibv_ack_async_event", "IBVERBS_1.1").map(|p| f(p)),
         })
     })();
     // SAFETY: `handle` came from `into_raw` above and is owned again here.

@@ -48,6 +48,7 @@ pub mod loader;
 
 mod context;
 mod cq;
+mod event;
 mod pd;
 mod qp;
 
@@ -58,6 +59,7 @@ use libloading::os::unix::Library;
 
 pub use context::{Context, DeviceAttr, LinkLayer, Mtu, PortAttr, PortState};
 pub use cq::{Completion, Cq, WcOpcode, WcStatus};
+pub use event::{AsyncEvent, AsyncEventKind};
 pub use pd::{Mr, Pd};
 pub use qp::{BatchPostError, Qp, QpCaps, RtrAttr, RtsAttr, SendWr, WrOp};
 
