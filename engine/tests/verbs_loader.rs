@@ -177,3 +177,22 @@ fn default_candidates_find_the_system_library() {
         );
     }
 }
+
+/// Our names for completion statuses are the texts of rdma-core's `ibv_wc_status_str`
+/// (called here in Debian's real library, which needs no device).
+#[test]
+fn status_texts_match_the_library() {
+    let Ok(verbs) = Verbs::load_from(&["libibverbs.so.1".into()]) else {
+        eprintln!("SKIP: libibverbs.so.1 is not installed");
+        return;
+    };
+    let mut named = 0;
+    for raw in 0..32u32 {
+        let ours = transfer_engine::verbs::WcStatus::from_raw(raw);
+        if ours != transfer_engine::verbs::WcStatus::Other {
+            assert_eq!(ours.to_string(), verbs.wc_status_str(raw), "status {raw}");
+            named += 1;
+        }
+    }
+    assert_eq!(named, 16);
+}

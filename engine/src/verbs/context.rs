@@ -337,3 +337,31 @@ impl Drop for Context {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_converts_between_enum_values_and_bytes() {
+        for (raw, bytes) in [(1, 256), (2, 512), (3, 1024), (4, 2048), (5, 4096)] {
+            let m = Mtu::from_raw(raw).unwrap();
+            assert_eq!((m.raw(), m.bytes()), (raw, bytes));
+            assert_eq!(Mtu::from_bytes(bytes), Some(m));
+        }
+        assert_eq!(Mtu::from_raw(0), None);
+        assert_eq!(Mtu::from_raw(6), None);
+        assert_eq!(Mtu::from_bytes(9000), None);
+        assert_eq!(Mtu::Mtu4096.min(Mtu::Mtu1024), Mtu::Mtu1024);
+    }
+
+    #[test]
+    fn port_state_and_link_layer_keep_unknown_values() {
+        assert_eq!(PortState::from_raw(4), PortState::Active);
+        assert_eq!(PortState::from_raw(1), PortState::Down);
+        assert_eq!(PortState::from_raw(42), PortState::Other(42));
+        assert_eq!(LinkLayer::from_raw(2), LinkLayer::Ethernet);
+        assert_eq!(LinkLayer::from_raw(1), LinkLayer::InfiniBand);
+        assert_eq!(LinkLayer::from_raw(9), LinkLayer::Other(9));
+    }
+}

@@ -113,7 +113,7 @@ impl std::fmt::Display for WcStatus {
             Self::RemOpErr => "remote operation error",
             Self::RetryExcErr => "transport retry counter exceeded",
             Self::RnrRetryExcErr => "RNR retry counter exceeded",
-            Self::RemAbortErr => "operation aborted",
+            Self::RemAbortErr => "aborted error",
             Self::FatalErr => "fatal error",
             Self::RespTimeoutErr => "response timeout error",
             Self::GeneralErr => "general error",
@@ -243,5 +243,48 @@ impl Drop for Cq {
         if rc != 0 {
             tracing::warn!("{}", VerbsError::from_rc("ibv_destroy_cq", rc));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_copies_a_work_completion() {
+        let wc = ffi::ibv_wc {
+            wr_id: 77,
+            status: ffi::IBV_WC_REM_ACCESS_ERR,
+            opcode: ffi::IBV_WC_RDMA_READ,
+            vendor_err: 0x88,
+            byte_len: 4096,
+            qp_num: 0x101,
+            ..Default::default()
+        };
+        let c = Completion::from(&wc);
+        assert_eq!(c.wr_id, 77);
+        assert_eq!((c.status, c.status_raw), (WcStatus::RemAccessErr, 10));
+        assert_eq!(c.opcode, WcOpcode::RdmaRead);
+        assert_eq!((c.byte_len, c.vendor_err, c.qp_num), (4096, 0x88, 0x101));
+        assert_eq!(c.status.to_string(), "remote access error");
+    }
+
+    #[test]
+    fn unknown_statuses_and_opcodes_are_other() {
+        assert_eq!(WcStatus::from_raw(ffi::IBV_WC_SUCCESS), WcStatus::Success);
+        assert_eq!(
+            WcStatus::from_raw(ffi::IBV_WC_WR_FLUSH_ERR),
+            WcStatus::WrFlushErr
+        );
+        assert_eq!(
+            WcStatus::from_raw(ffi::IBV_WC_RETRY_EXC_ERR),
+            WcStatus::RetryExcErr
+        );
+        assert_eq!(WcStatus::from_raw(999), WcStatus::Other);
+        assert_eq!(
+            WcOpcode::from_raw(ffi::IBV_WC_RECV_RDMA_WITH_IMM),
+            WcOpcode::Recv
+        );
+        assert_eq!(WcOpcode::from_raw(3), WcOpcode::Other);
     }
 }
