@@ -454,10 +454,14 @@ impl Config {
             }
             c.gid_index = i;
         }
-        if let Some(p) = env.int::<u32>("MC_IB_PORT", "a port number 1-255")? {
-            if !(1..=255).contains(&p) {
-                return Err(env.error("MC_IB_PORT", "a port number 1-255"));
+        let ranged = |var: &'static str, lo: u32, hi: u32| -> Result<Option<u32>, ConfigError> {
+            let expected = format!("{lo} to {hi}");
+            match env.int::<u32>(var, &expected)? {
+                Some(n) if !(lo..=hi).contains(&n) => Err(env.error(var, &expected)),
+                other => Ok(other),
             }
+        };
+        if let Some(p) = ranged("MC_IB_PORT", 1, 255)? {
             c.ib_port = p;
         }
         if let Some(m) = env.int::<u32>("MC_MTU", "512, 1024, 2048 or 4096")? {
@@ -473,13 +477,6 @@ impl Config {
             }
             c.rdma_slice_size = n;
         }
-        let ranged = |var: &'static str, lo: u32, hi: u32| -> Result<Option<u32>, ConfigError> {
-            let expected = format!("{lo} to {hi}");
-            match env.int::<u32>(var, &expected)? {
-                Some(n) if !(lo..=hi).contains(&n) => Err(env.error(var, &expected)),
-                other => Ok(other),
-            }
-        };
         if let Some(n) = ranged("MC_NUM_QP_PER_EP", 1, 256)? {
             c.num_qp_per_ep = n;
         }
