@@ -169,8 +169,11 @@ fn read_hca(root: &Path, name: String) -> Hca {
 
 fn read_port(dir: &Path, num: u32) -> Port {
     let state = read_trimmed(&dir.join("state")).unwrap_or_default();
-    let active = state.split(':').next().map(str::trim) == Some("4")
-        || state.to_ascii_uppercase().contains("ACTIVE");
+    // IBV_PORT_ACTIVE is 4; ACTIVE_DEFER (5) is not usable, as upstream's check.
+    let active = match state.split_once(':') {
+        Some((num, _)) => num.trim() == "4",
+        None => state.eq_ignore_ascii_case("ACTIVE"),
+    };
     let lid = read_trimmed(&dir.join("lid"))
         .and_then(|l| u16::from_str_radix(l.trim_start_matches("0x"), 16).ok())
         .unwrap_or(0);

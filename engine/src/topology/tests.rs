@@ -105,6 +105,12 @@ fn hca_with_its_port_down_is_present_but_unusable() {
     assert_eq!(d.present, ["mlx5_0"]);
     assert!(d.usable.is_empty());
     assert_eq!(d.unusable.len(), 1);
+    let deferred = tree("deferred");
+    let port = PortSpec::roce(&v2(0)).with_state("5: ACTIVE_DEFER");
+    deferred
+        .hca("mlx5_0", "pci0000:00/0000:00:01.0/0000:01:00.0", 0, &[port])
+        .unwrap();
+    assert!(run(&deferred, &[], "", &[]).usable.is_empty());
     assert!(
         d.unusable[0].contains("port 1 is not ACTIVE") && d.unusable[0].contains("DOWN"),
         "{:?}",
