@@ -429,9 +429,11 @@ impl PyTransferEngine {
 
     #[pyo3(signature = (device_name = None))]
     fn get_local_topology(&self, py: Python<'_>, device_name: Option<String>) -> PyResult<String> {
-        detached(py, |_| {
+        let r = detached(py, |_| {
             ContractEngine::local_topology(device_name.as_deref())
-        })
+        })?;
+        errors::settle("get_local_topology", r)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
     }
 
     #[pyo3(signature = (segment_name))]

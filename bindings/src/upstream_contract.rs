@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use transfer_engine::{
-    topology, Batch, Config, EngineError, Notify, OpCode, Request, TransferEngine,
+    topology, Batch, Config, EngineError, Notify, OpCode, Request, TransferEngine, TransportRequest,
 };
 
 use crate::batch_table::{self, BatchTable, Poll};
@@ -93,15 +93,16 @@ impl ContractEngine {
             ));
         }
         let config = Config::from_env().map_err(EngineError::from)?;
-        if !matches!(protocol, "tcp" | "") {
-            tracing::info!(
-                "protocol {protocol:?} requested: the transport is chosen by the engine, and this build moves data over TCP"
-            );
-        }
-        if !device_name.is_empty() {
-            tracing::debug!("device filter {device_name:?} has no effect on the TCP transport");
-        }
-        let new = Arc::new(TransferEngine::new(local_hostname, conn, config)?);
+        // The protocol picks the transports (TCP always; RDMA, GPU IPC), device_name
+        // narrows the HCAs; a protocol not served, or RDMA required by MC_FORCE_HCA but
+        // unusable, fails here with the reason (initialize returns -1, last_error() says why).
+        let request = TransportRequest::new(protocol, device_name);
+        let new = Arc::new(TransferEngine::with_transports(
+            local_hostname,
+            conn,
+            config,
+            &request,
+        )?);
         let registrations = self.registrations.lock();
         let mut slot = self.engine.write();
         if let Some(old) = slot.as_ref() {
@@ -309,9 +310,19 @@ impl ContractEngine {
         Ok(())
     }
 
-    /// `get_local_topology(device_name)`: the host's topology JSON (no engine needed).
-    pub fn local_topology(_device_name: Option<&str>) -> String {
-        topology::to_json(&topology::local())
+    /// `get_local_topology(device_name)`: the host's topology JSON (no engine needed),
+    /// narrowed by `MC_TE_FILTERS` and `device_name` as `initialize` narrows it. Fails
+    /// on a bad variable or an unusable `MC_CUSTOM_TOPO_JSON`.
+    pub fn local_topology(device_name: Option<&str>) -> Result<String, BindingError> {
+        let config = Config::from_env().map_err(EngineError::from)?;
+        let found = topology::local(&config, device_name.unwrap_or(""))
+            .map_err(BindingError::InvalidArgument)?;
+        for w in &found.warnings {
+            if transfer_engine::log_throttle::first_time(w) {
+                tracing::warn!("{w}");
+            }
+        }
+        Ok(topology::to_json(&found.matrix))
     }
 }
 

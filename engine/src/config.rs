@@ -5,6 +5,7 @@
 //! accepted with a warning.
 
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -47,6 +48,15 @@ impl LogLevel {
             Self::Error => "error",
         }
     }
+}
+
+/// The HCA allow-list from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HcaFilter {
+    /// The variable it came from (`MC_TE_FILTERS` or the legacy `MOONCAKE_RDMA_DEVICES`).
+    pub var: &'static str,
+    /// HCA names (trimmed, blanks dropped); empty: every HCA.
+    pub names: Vec<String>,
 }
 
 /// Typed engine configuration. `Config::default()` is upstream's defaults.
@@ -121,6 +131,31 @@ pub struct Config {
     /// `MC_TCP_STAGING_BUDGET_MB` (ours, MiB): pinned host memory the data
     /// server may use to stage device memory, process-wide.
     pub tcp_staging_budget: usize,
+    /// `MC_FORCE_HCA`: RDMA or `initialize` fails, naming what is missing (presence
+    /// check, as `MC_FORCE_TCP`; `MC_FORCE_TCP` wins when both are set).
+    pub force_hca: bool,
+    /// `MC_TE_FILTERS` (legacy `MOONCAKE_RDMA_DEVICES` when it is unset): HCA allow-list.
+    pub hca_filter: Option<HcaFilter>,
+    /// `MC_GID_INDEX` (fallback `NCCL_IB_GID_INDEX`): -1 = automatic, else 0-255.
+    pub gid_index: i32,
+    /// `MC_IB_PORT`: the HCA port used (1).
+    pub ib_port: u32,
+    /// `MC_MTU`: largest path MTU, 512/1024/2048/4096.
+    pub mtu: u32,
+    /// `MC_SLICE_SIZE`: RDMA slice size (65536).
+    pub rdma_slice_size: u64,
+    /// `MC_NUM_QP_PER_EP`: RC queue pairs per endpoint (2).
+    pub num_qp_per_ep: u32,
+    /// `MC_MAX_WR`: send and receive queue depth per queue pair (256).
+    pub max_wr: u32,
+    /// `MC_RETRY_CNT`: times a failed slice is retried on other paths (9).
+    pub retry_cnt: u32,
+    /// `MC_FRAGMENT_RATIO`: a tail up to slice / ratio joins the previous slice (4).
+    pub fragment_ratio: u32,
+    /// `MC_CUSTOM_TOPO_JSON`: file whose topology replaces discovery (empty: none).
+    pub custom_topo_json: Option<PathBuf>,
+    /// `MC_SYSFS_ROOT`: stands for `/sys` in topology discovery.
+    pub sysfs_root: PathBuf,
 }
 
 impl Default for Config {
@@ -155,6 +190,18 @@ impl Default for Config {
             tcp_server_max_connections_per_ip: 256,
             tcp_server_idle_timeout: Duration::from_secs(300),
             tcp_staging_budget: 64 << 20,
+            force_hca: false,
+            hca_filter: None,
+            gid_index: -1,
+            ib_port: 1,
+            mtu: 4096,
+            rdma_slice_size: 65536,
+            num_qp_per_ep: 2,
+            max_wr: 256,
+            retry_cnt: 9,
+            fragment_ratio: 4,
+            custom_topo_json: None,
+            sysfs_root: PathBuf::from("/sys"),
         }
     }
 }
@@ -184,13 +231,10 @@ impl Config {
         let mut c = Self::default();
         if let Some(v) = get("MC_FORCE_TCP") {
             c.force_tcp = true;
-            if matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "0" | "false" | "no" | "off"
-            ) {
-                tracing::warn!(
+            if is_false_word(&v) {
+                warn_once(&format!(
                     "MC_FORCE_TCP={v:?} still forces TCP: upstream checks only that the variable is set; unset it to allow other transports"
-                );
+                ));
             }
         }
         if let Some(secs) = env.int::<u64>("MC_TRANSFER_TIMEOUT", "a whole number of seconds")? {
@@ -301,6 +345,7 @@ impl Config {
             c.metadata_lease_ttl = Duration::from_secs(ttl);
         }
         Self::read_bounds(&env, &mut c)?;
+        Self::read_rdma(&env, &mut c)?;
         if let Some(v) = get("MC_LOG_LEVEL") {
             c.log_level = match v.trim().to_ascii_uppercase().as_str() {
                 "TRACE" => LogLevel::Trace,
@@ -376,6 +421,135 @@ impl Config {
             c.tcp_staging_budget = mb << 20;
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// The RDMA and topology variables.
+    fn read_rdma<F: Fn(&str) -> Option<String>>(
+        env: &Env<'_, F>,
+        c: &mut Config,
+    ) -> Result<(), ConfigError> {
+        let get = env.get;
+        if let Some(v) = get("MC_FORCE_HCA") {
+            c.force_hca = true;
+            if is_false_word(&v) {
+                warn_once(&format!(
+                    "MC_FORCE_HCA={v:?} still forces RDMA: only the variable's presence counts, as for MC_FORCE_TCP; unset it to allow TCP"
+                ));
+            }
+        }
+        let (filter, warning) = hca_filter(get);
+        if let Some(w) = warning {
+            warn_once(&w);
+        }
+        c.hca_filter = filter;
+        let gid = env.first_int::<i32>(
+            &["MC_GID_INDEX", "NCCL_IB_GID_INDEX"],
+            "-1 (automatic) or a GID index 0-255",
+        )?;
+        if let Some((var, i)) = gid {
+            if !(-1..=255).contains(&i) {
+                return Err(env.error(var, "-1 (automatic) or a GID index 0-255"));
+            }
+            c.gid_index = i;
+        }
+        let ranged = |var: &'static str, lo: u32, hi: u32| -> Result<Option<u32>, ConfigError> {
+            let expected = format!("{lo} to {hi}");
+            match env.int::<u32>(var, &expected)? {
+                Some(n) if !(lo..=hi).contains(&n) => Err(env.error(var, &expected)),
+                other => Ok(other),
+            }
+        };
+        if let Some(p) = ranged("MC_IB_PORT", 1, 255)? {
+            c.ib_port = p;
+        }
+        if let Some(m) = env.int::<u32>("MC_MTU", "512, 1024, 2048 or 4096")? {
+            if ![512, 1024, 2048, 4096].contains(&m) {
+                return Err(env.error("MC_MTU", "512, 1024, 2048 or 4096"));
+            }
+            c.mtu = m;
+        }
+        let slice = "bytes, 4096 to 1073741824";
+        if let Some(n) = env.int::<u64>("MC_SLICE_SIZE", slice)? {
+            if !(4096..=1 << 30).contains(&n) {
+                return Err(env.error("MC_SLICE_SIZE", slice));
+            }
+            c.rdma_slice_size = n;
+        }
+        if let Some(n) = ranged("MC_NUM_QP_PER_EP", 1, 256)? {
+            c.num_qp_per_ep = n;
+        }
+        if let Some(n) = ranged("MC_MAX_WR", 1, 65536)? {
+            c.max_wr = n;
+        }
+        if let Some(n) = ranged("MC_RETRY_CNT", 0, 1000)? {
+            c.retry_cnt = n;
+        }
+        if let Some(n) = ranged("MC_FRAGMENT_RATIO", 1, 65536)? {
+            c.fragment_ratio = n;
+        }
+        c.custom_topo_json = get("MC_CUSTOM_TOPO_JSON")
+            .filter(|v| !v.trim().is_empty())
+            .map(PathBuf::from);
+        if let Some(root) = get("MC_SYSFS_ROOT").filter(|v| !v.trim().is_empty()) {
+            c.sysfs_root = PathBuf::from(root);
+        }
+        Ok(())
+    }
+}
+
+/// `MC_TE_FILTERS`, or the legacy `MOONCAKE_RDMA_DEVICES` when it is unset, and the
+/// warning to give. An explicit `MC_TE_FILTERS`, even empty (every HCA), wins.
+pub fn hca_filter(get: &dyn Fn(&str) -> Option<String>) -> (Option<HcaFilter>, Option<String>) {
+    let names = |v: &str| -> Vec<String> {
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    match (get("MC_TE_FILTERS"), get("MOONCAKE_RDMA_DEVICES")) {
+        (Some(new), Some(old)) => (
+            Some(HcaFilter {
+                var: "MC_TE_FILTERS",
+                names: names(&new),
+            }),
+            Some(format!(
+                "MC_TE_FILTERS={new:?} and the deprecated MOONCAKE_RDMA_DEVICES={old:?} are both set: MC_TE_FILTERS wins; unset MOONCAKE_RDMA_DEVICES"
+            )),
+        ),
+        (Some(new), None) => (
+            Some(HcaFilter {
+                var: "MC_TE_FILTERS",
+                names: names(&new),
+            }),
+            None,
+        ),
+        (None, Some(old)) => (
+            Some(HcaFilter {
+                var: "MOONCAKE_RDMA_DEVICES",
+                names: names(&old),
+            }),
+            Some(format!(
+                "MOONCAKE_RDMA_DEVICES={old:?} is deprecated and honoured only while MC_TE_FILTERS is unset; set MC_TE_FILTERS={old:?} instead"
+            )),
+        ),
+        (None, None) => (None, None),
+    }
+}
+
+fn is_false_word(v: &str) -> bool {
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "0" | "false" | "no" | "off"
+    )
+}
+
+/// Logs `msg` as a warning the first time this process sees it.
+fn warn_once(msg: &str) {
+    if crate::log_throttle::first_time(msg) {
+        tracing::warn!("{msg}");
     }
 }
 
@@ -562,6 +736,112 @@ mod tests {
             assert_eq!(err.var, var, "{var}={value}");
             assert!(err.to_string().contains(var), "{err}");
         }
+    }
+
+    #[test]
+    fn rdma_variables_parse_with_upstream_defaults() {
+        let d = Config::default();
+        assert_eq!((d.gid_index, d.ib_port, d.mtu), (-1, 1, 4096));
+        assert_eq!(
+            (d.rdma_slice_size, d.num_qp_per_ep, d.max_wr),
+            (65536, 2, 256)
+        );
+        assert_eq!((d.retry_cnt, d.fragment_ratio), (9, 4));
+        assert_eq!(d.sysfs_root, PathBuf::from("/sys"));
+        assert!(!d.force_hca && d.hca_filter.is_none() && d.custom_topo_json.is_none());
+        let c = parse(&[
+            ("MC_FORCE_HCA", "1"),
+            ("MC_GID_INDEX", "3"),
+            ("MC_IB_PORT", "2"),
+            ("MC_MTU", "1024"),
+            ("MC_SLICE_SIZE", "131072"),
+            ("MC_NUM_QP_PER_EP", "4"),
+            ("MC_MAX_WR", "128"),
+            ("MC_RETRY_CNT", "0"),
+            ("MC_FRAGMENT_RATIO", "8"),
+            ("MC_CUSTOM_TOPO_JSON", "/etc/topo.json"),
+            ("MC_SYSFS_ROOT", "/tmp/sys"),
+            ("MC_TE_FILTERS", "mlx5_0, mlx5_2,"),
+        ])
+        .unwrap();
+        assert!(c.force_hca);
+        assert_eq!((c.gid_index, c.ib_port, c.mtu), (3, 2, 1024));
+        assert_eq!(
+            (c.rdma_slice_size, c.num_qp_per_ep, c.max_wr),
+            (131072, 4, 128)
+        );
+        assert_eq!((c.retry_cnt, c.fragment_ratio), (0, 8));
+        assert_eq!(c.custom_topo_json, Some(PathBuf::from("/etc/topo.json")));
+        assert_eq!(c.sysfs_root, PathBuf::from("/tmp/sys"));
+        let f = c.hca_filter.unwrap();
+        assert_eq!(
+            (f.var, f.names),
+            ("MC_TE_FILTERS", vec!["mlx5_0".into(), "mlx5_2".into()])
+        );
+        // The dump sets MC_CUSTOM_TOPO_JSON='' to mean "none".
+        assert!(parse(&[("MC_CUSTOM_TOPO_JSON", "")])
+            .unwrap()
+            .custom_topo_json
+            .is_none());
+        assert_eq!(parse(&[("NCCL_IB_GID_INDEX", "1")]).unwrap().gid_index, 1);
+        let both = parse(&[("MC_GID_INDEX", "2"), ("NCCL_IB_GID_INDEX", "1")]).unwrap();
+        assert_eq!(both.gid_index, 2);
+    }
+
+    #[test]
+    fn bad_rdma_values_name_the_variable() {
+        for (var, value) in [
+            ("MC_GID_INDEX", "256"),
+            ("MC_GID_INDEX", "-2"),
+            ("NCCL_IB_GID_INDEX", "x"),
+            ("MC_IB_PORT", "0"),
+            ("MC_MTU", "1500"),
+            ("MC_SLICE_SIZE", "100"),
+            ("MC_NUM_QP_PER_EP", "0"),
+            ("MC_MAX_WR", "many"),
+            ("MC_RETRY_CNT", "-1"),
+            ("MC_FRAGMENT_RATIO", "0"),
+        ] {
+            let err = parse(&[(var, value)]).unwrap_err();
+            assert_eq!(err.var, var, "{var}={value}");
+            assert!(err.to_string().contains(var), "{err}");
+        }
+    }
+
+    #[test]
+    fn legacy_device_variable_is_honoured_with_a_warning_and_loses_to_the_new_one() {
+        let lookup = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let (f, w) = hca_filter(&lookup(&[("MOONCAKE_RDMA_DEVICES", "mlx5_1")]));
+        let f = f.unwrap();
+        assert_eq!(
+            (f.var, f.names),
+            ("MOONCAKE_RDMA_DEVICES", vec!["mlx5_1".into()])
+        );
+        assert!(w.unwrap().contains("set MC_TE_FILTERS"));
+        let (f, w) = hca_filter(&lookup(&[
+            ("MOONCAKE_RDMA_DEVICES", "mlx5_1"),
+            ("MC_TE_FILTERS", "mlx5_0"),
+        ]));
+        assert_eq!(f.unwrap().names, ["mlx5_0"]);
+        let w = w.unwrap();
+        assert!(
+            w.contains("both set") && w.contains("MC_TE_FILTERS wins"),
+            "{w}"
+        );
+        // An explicit empty MC_TE_FILTERS (every HCA) still wins.
+        let (f, w) = hca_filter(&lookup(&[
+            ("MOONCAKE_RDMA_DEVICES", "mlx5_1"),
+            ("MC_TE_FILTERS", ""),
+        ]));
+        assert!(f.unwrap().names.is_empty() && w.is_some());
+        assert_eq!(hca_filter(&lookup(&[])), (None, None));
     }
 
     #[test]

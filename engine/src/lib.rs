@@ -41,4 +41,5 @@ pub use engine::{Batch, Notify, Request, TransferEngine, P2P_HANDSHAKE};
 pub use error::TransferError;
 pub use host_buffer::HostBuffer;
 pub use task::TaskStatus;
+pub use transport::TransportRequest;
 pub use wire::tcp::OpCode;

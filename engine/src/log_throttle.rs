@@ -46,6 +46,19 @@ impl LogThrottle {
     }
 }
 
+/// Messages that are said once per process (a configuration warning re-read on every
+/// `initialize`): true the first time `msg` is seen. Past 4096 distinct messages every
+/// message counts as new, so a flood of distinct ones stays visible and bounded.
+pub fn first_time(msg: &str) -> bool {
+    static SEEN: Mutex<Option<std::collections::HashSet<String>>> = Mutex::new(None);
+    let mut seen = SEEN.lock();
+    let set = seen.get_or_insert_with(Default::default);
+    if set.len() >= 4096 {
+        return true;
+    }
+    set.insert(msg.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,5 +72,12 @@ mod tests {
         // Pretend the interval passed.
         t.state.lock().0 = Instant::now().checked_sub(Duration::from_secs(7200));
         assert_eq!(t.allow(), Some(2));
+    }
+
+    #[test]
+    fn first_time_is_true_once_per_message() {
+        assert!(first_time("log_throttle test message a"));
+        assert!(!first_time("log_throttle test message a"));
+        assert!(first_time("log_throttle test message b"));
     }
 }

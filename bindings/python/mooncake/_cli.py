@@ -4,6 +4,7 @@
 All run in Rust; Ctrl-C ends them as it ends a native program.
 """
 
+import os
 import signal
 import sys
 
@@ -21,6 +22,9 @@ def transfer_engine_bench() -> None:
 
 
 def transfer_engine_topology_dump() -> None:
+    # As upstream's script: discovery only, no log lines around the JSON.
+    os.environ["MC_LOG_LEVEL"] = "ERROR"
+    os.environ["MC_CUSTOM_TOPO_JSON"] = ""
     _native_signals()
     sys.exit(_native.run_topology_dump(sys.argv))
 

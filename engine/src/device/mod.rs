@@ -87,6 +87,8 @@ struct Api {
     free: unsafe extern "C" fn(*mut c_void) -> Status,
     get_error_string: unsafe extern "C" fn(Status) -> *const c_char,
     get_last_error: unsafe extern "C" fn() -> Status,
+    /// Optional: a runtime without it gives GPUs without PCI placement.
+    device_get_pci_bus_id: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Status>,
 }
 
 /// A loaded runtime library.
@@ -234,6 +236,25 @@ impl Runtime {
 
 // Stream and pinned-buffer primitives for the staging path.
 impl Runtime {
+    /// The PCI address of `device` (`0000:18:00.0`, lower-cased as upstream does), or
+    /// `None` when the runtime lacks `DeviceGetPCIBusId` or refuses the call.
+    pub fn pci_bus_id(&self, device: u32) -> Option<String> {
+        let f = self.api.device_get_pci_bus_id?;
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: `buf` has room for the 64 bytes announced; the runtime writes a
+        // NUL-terminated string of at most that length.
+        let rc = unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, device as c_int) };
+        if rc != 0 {
+            // SAFETY: clears the sticky error, no arguments.
+            unsafe { (self.api.get_last_error)() };
+            return None;
+        }
+        buf[buf.len() - 1] = 0;
+        // SAFETY: NUL-terminated above at the latest.
+        let id = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        Some(id.to_string_lossy().trim().to_ascii_lowercase())
+    }
+
     pub(crate) fn stream_create(&self) -> Result<Stream, DeviceError> {
         let mut s: Stream = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
@@ -313,6 +334,7 @@ fn resolve(lib: &Library, prefix: &str) -> Result<Api, MissingSymbol> {
         free: sym(lib, &n("Free"))?,
         get_error_string: sym(lib, &n("GetErrorString"))?,
         get_last_error: sym(lib, &n("GetLastError"))?,
+        device_get_pci_bus_id: sym(lib, &n("DeviceGetPCIBusId")).ok(),
     })
 }
 

@@ -21,7 +21,7 @@ use crate::metadata::{MetadataStore, P2pStore, RpcMeta};
 use crate::net;
 use crate::notify_queue::{NotifyQueue, REFUSED_REPLY};
 use crate::task::BatchState;
-use crate::transport::{Slice, Transport};
+use crate::transport::{Slice, Transport, TransportRequest};
 use crate::wire::descriptor::{BufferDesc, NotifyMsg, SegmentDesc, PROBE_REPLY};
 use crate::wire::handshake::MessageType;
 use crate::wire::session::{HostPort, SegmentId};
@@ -128,6 +128,23 @@ impl TransferEngine {
     /// `local_hostname` verbatim; the engine publishes its handshake address and descriptor
     /// there, and removes them when dropped.
     pub fn new(local_hostname: &str, metadata: &str, config: Config) -> Result<Self, EngineError> {
+        Self::with_transports(
+            local_hostname,
+            metadata,
+            config,
+            &TransportRequest::default(),
+        )
+    }
+
+    /// [`new`](Self::new) with the transports `request` asks for (`initialize`'s
+    /// `protocol` and `device_name`): an unserved protocol, or RDMA required by
+    /// `MC_FORCE_HCA` but unusable, fails with the reason.
+    pub fn with_transports(
+        local_hostname: &str,
+        metadata: &str,
+        config: Config,
+        request: &TransportRequest,
+    ) -> Result<Self, EngineError> {
         let kind = StoreKind::parse(metadata)?;
         let host = HostPort::parse(local_hostname, config.handshake_port)?.host;
         let ip = net::listen_ip(&host, config.tcp_bind_address, config.use_ipv6);
@@ -163,7 +180,7 @@ impl TransferEngine {
             }
         };
         let memory = Arc::new(MemoryRegistry::new());
-        let transports = crate::transport::start(ip, &host, memory.clone(), &config)?;
+        let transports = crate::transport::start(ip, &host, memory.clone(), &config, request)?;
         let notify_bytes = config.notify_queue_bytes;
         let inner = Arc::new(Inner {
             store,
@@ -274,9 +291,12 @@ impl TransferEngine {
         self.inner.memory.snapshot()
     }
 
-    /// The local topology JSON (upstream's `get_local_topology` shape).
-    pub fn local_topology(&self) -> String {
-        crate::topology::to_json(&crate::topology::local())
+    /// The local topology JSON (upstream's `get_local_topology` shape), narrowed by
+    /// `MC_TE_FILTERS` and `device_name` as `initialize` narrows it.
+    pub fn local_topology(&self, device_name: &str) -> Result<String, EngineError> {
+        let topo = crate::topology::local(&self.inner.config, device_name)
+            .map_err(crate::transport::TransportError::Refused)?;
+        Ok(crate::topology::to_json(&topo.matrix))
     }
 
     /// This engine's descriptor, as peers receive it.

@@ -8,6 +8,7 @@
 //! it, so that a canceled batch or an unregistered region can cut that connection and
 //! know when the memory is free again.
 
+pub mod select;
 pub mod tcp;
 
 use std::sync::Arc;
@@ -34,6 +35,10 @@ pub enum TransportError {
         /// What is missing or wrong.
         reason: String,
     },
+    /// The requested transports cannot be started: why (protocol not served, RDMA
+    /// required by `MC_FORCE_HCA` but unusable, a bad `MC_CUSTOM_TOPO_JSON`, ...).
+    #[error("{0}")]
+    Refused(String),
     /// A listener, thread or socket could not be set up.
     #[error("{what}: {source}")]
     Io {
@@ -45,16 +50,156 @@ pub enum TransportError {
     },
 }
 
-/// Starts the transports this host can serve, in the order the engine prefers them:
-/// each listens on `ip` and serves `memory`; `host` is the name peers are told.
+/// What `initialize` asked for: its `protocol` and `device_name` arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportRequest {
+    /// `tcp`, `rdma`, `""` (automatic), `nvlink_intra`, `musa`; others are refused.
+    pub protocol: String,
+    /// Comma list of HCAs narrowing discovery (empty: all).
+    pub device_name: String,
+}
+
+impl Default for TransportRequest {
+    /// TCP only: what engines built without `initialize`'s arguments get.
+    fn default() -> Self {
+        Self {
+            protocol: "tcp".into(),
+            device_name: String::new(),
+        }
+    }
+}
+
+impl TransportRequest {
+    /// `protocol` with HCA list `device_name`.
+    pub fn new(protocol: &str, device_name: &str) -> Self {
+        Self {
+            protocol: protocol.into(),
+            device_name: device_name.into(),
+        }
+    }
+}
+
+/// Starts the transports `request` and this host call for ([`select`]), in the order
+/// the engine prefers them (TCP, always present, last): each listens on `ip` and serves
+/// `memory`; `host` is the name peers are told. Warnings are logged once per process.
 pub fn start(
     ip: std::net::IpAddr,
     host: &str,
     memory: Arc<crate::memory::MemoryRegistry>,
     config: &crate::config::Config,
+    request: &TransportRequest,
 ) -> Result<Vec<Arc<dyn Transport>>, TransportError> {
-    let tcp = tcp::TcpTransport::start(ip, host, memory, config)?;
-    Ok(vec![Arc::new(tcp)])
+    let plan = plan(config, request)?;
+    for w in &plan.warnings {
+        if crate::log_throttle::first_time(w) {
+            tracing::warn!("{w}");
+        }
+    }
+    for n in &plan.notes {
+        tracing::info!("{n}");
+    }
+    let mut out: Vec<Arc<dyn Transport>> = Vec::new();
+    if plan.ipc {
+        out.push(ipc_transport(memory.clone(), config).map_err(TransportError::Refused)?);
+    }
+    if let Some(rdma) = &plan.rdma {
+        let t = rdma_transport(rdma, ip, host, memory.clone(), config);
+        out.push(t.map_err(TransportError::Refused)?);
+    }
+    out.push(Arc::new(tcp::TcpTransport::start(
+        ip, host, memory, config,
+    )?));
+    Ok(out)
+}
+
+/// Gathers what [`select::decide`] needs (probing RDMA only when it matters) and decides.
+pub fn plan(
+    config: &crate::config::Config,
+    request: &TransportRequest,
+) -> Result<select::Plan, TransportError> {
+    let protocol = request.protocol.as_str();
+    let probing = select::probes_rdma(protocol, config.force_tcp);
+    let topology = match probing {
+        true => Some(
+            crate::topology::local(config, &request.device_name)
+                .map_err(TransportError::Refused)?,
+        ),
+        false => None,
+    };
+    let verbs = probing.then(verbs_probe);
+    let gpu = match probing || matches!(protocol, "nvlink_intra" | "musa") {
+        true => match crate::device::runtime() {
+            Ok(rt) => select::GpuPresence::Runtime {
+                vendor: rt.vendor(),
+                devices: rt.device_count(),
+            },
+            Err(e) => select::GpuPresence::Absent(e.to_string()),
+        },
+        false => select::GpuPresence::Absent("not probed".into()),
+    };
+    let peer_memory = crate::topology::sysfs::peer_memory_module(&config.sysfs_root);
+    select::decide(&select::Inputs {
+        protocol,
+        force_tcp: config.force_tcp,
+        force_hca: config.force_hca,
+        topology: topology.as_ref(),
+        verbs: verbs.as_ref(),
+        memlock: memlock(),
+        gpu: &gpu,
+        peer_memory_module: peer_memory,
+    })
+    .map_err(TransportError::Refused)
+}
+
+/// INTEGRATION POINT: the names of the devices the verbs library lists (`crate::verbs`),
+/// or why it cannot be loaded.
+fn verbs_probe() -> Result<Vec<String>, String> {
+    Err("the verbs library loader is not built into this engine yet".into())
+}
+
+/// INTEGRATION POINT: starts the RDMA transport over `plan`'s HCAs.
+fn rdma_transport(
+    _plan: &select::RdmaPlan,
+    _ip: std::net::IpAddr,
+    _host: &str,
+    _memory: Arc<crate::memory::MemoryRegistry>,
+    _config: &crate::config::Config,
+) -> Result<Arc<dyn Transport>, String> {
+    Err("the RDMA transport is not built into this engine yet".into())
+}
+
+/// INTEGRATION POINT: starts the same-host GPU IPC transport (`nvlink_intra`, `musa`).
+fn ipc_transport(
+    _memory: Arc<crate::memory::MemoryRegistry>,
+    _config: &crate::config::Config,
+) -> Result<Arc<dyn Transport>, String> {
+    Err("the same-host GPU IPC transport is not built into this engine yet".into())
+}
+
+/// RLIMIT_MEMLOCK and whether CAP_IPC_LOCK lifts it.
+fn memlock() -> select::Memlock {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out-pointer for getrlimit.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
+    let limit = match rc {
+        0 if lim.rlim_cur != libc::RLIM_INFINITY => Some(lim.rlim_cur),
+        _ => None,
+    };
+    // CapEff is a hex mask; CAP_IPC_LOCK is bit 14.
+    let cap_ipc_lock = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
+            u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << 14) != 0);
+    select::Memlock {
+        limit,
+        cap_ipc_lock,
+    }
 }
 
 /// A transport behind the engine.

@@ -38,6 +38,19 @@ static region_t *find(uintptr_t p) {
 }
 
 int API(GetDeviceCount)(int *n) { *n = devices(); return 0; }
+/* FAKE_GPU_PCI_BUS_IDS="0000:18:00.0,0000:3B:00.0,...": device i's PCI address; unset or
+ * too short a list: the call fails, as a runtime without PCI information would. */
+int API(DeviceGetPCIBusId)(char *out, int len, int d) {
+    const char *ids = getenv("FAKE_GPU_PCI_BUS_IDS");
+    if (!ids || d < 0 || len <= 0) return 101;
+    for (int i = 0; i < d && ids; i++) { ids = strchr(ids, ','); if (ids) ids++; }
+    if (!ids || !*ids) return 101;
+    size_t n = strcspn(ids, ",");
+    if (n >= (size_t)len) return 1;
+    memcpy(out, ids, n);
+    out[n] = 0;
+    return 0;
+}
 int API(SetDevice)(int d) { if (d < 0 || d >= devices()) return 101; current_device = d; return 0; }
 int API(GetDevice)(int *d) { *d = current_device; return 0; }
 const char *API(GetErrorString)(int e) { (void)e; return "fake runtime error"; }

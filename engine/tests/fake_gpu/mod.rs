@@ -125,7 +125,7 @@ pub fn detects_locations(vendor: Vendor) {
         .register_memory(dev0, 4096, &format!("{}:1", vendor.prefix()))
         .unwrap_err();
     assert!(err.to_string().contains("on device 0"), "{err}");
-    let topo: serde_json::Value = serde_json::from_str(&e.local_topology()).unwrap();
+    let topo: serde_json::Value = serde_json::from_str(&e.local_topology("").unwrap()).unwrap();
     assert!(
         topo.get(format!("{}:1", vendor.prefix())).is_some(),
         "{topo}"
