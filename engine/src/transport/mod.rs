@@ -151,10 +151,12 @@ pub fn plan(
     .map_err(TransportError::Refused)
 }
 
-/// INTEGRATION POINT: the names of the devices the verbs library lists (`crate::verbs`),
-/// or why it cannot be loaded.
+/// The names of the devices the verbs library lists, or why it cannot be loaded
+/// (no library, no kernel support, no device).
 fn verbs_probe() -> Result<Vec<String>, String> {
-    Err("the verbs library loader is not built into this engine yet".into())
+    let verbs = crate::verbs::shared().map_err(|e| e.to_string())?;
+    let devices = verbs.devices().map_err(|e| e.to_string())?;
+    Ok(devices.into_iter().map(|d| d.name).collect())
 }
 
 /// INTEGRATION POINT: starts the RDMA transport over `plan`'s HCAs.
