@@ -4,6 +4,12 @@
 //! over it (LD_LIBRARY_PATH), moving verified bytes with RDMA WRITE and READ, and
 //! meeting the completion statuses a real RC queue pair gives.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod soft_nic;
 
 use std::path::{Path, PathBuf};
