@@ -402,6 +402,16 @@ static int mode_xfer(int nhcas)
 	return 0;
 }
 
+/* `allowed` succeeds on the target's region, `denied` gets REM_ACCESS_ERR. */
+static void allowed_then_denied(struct side *s, const struct info *r, enum ibv_wr_opcode allowed,
+				enum ibv_wr_opcode denied)
+{
+	post(s, allowed, (uintptr_t)s->buf, s->mr->lkey, 4096, r->addr, r->rkey, 1, 1);
+	expect_wc(s, 1, IBV_WC_SUCCESS);
+	post(s, denied, (uintptr_t)s->buf, s->mr->lkey, 4096, r->addr, r->rkey, 1, 2);
+	expect_wc(s, 2, IBV_WC_REM_ACCESS_ERR);
+}
+
 static int neg_case(const char *name)
 {
 	struct opts mine = default_opts, theirs = default_opts;
@@ -441,15 +451,9 @@ static int neg_case(const char *name)
 		post(s, R, b, lk, 100, r->addr - 1, r->rkey, 1, 1);
 		expect_wc(s, 1, IBV_WC_REM_ACCESS_ERR);
 	} else if (!strcmp(name, "no_remote_write") || !strcmp(name, "qp_no_remote_write")) {
-		post(s, R, b, lk, 4096, r->addr, r->rkey, 1, 1);
-		expect_wc(s, 1, IBV_WC_SUCCESS);
-		post(s, W, b, lk, 4096, r->addr, r->rkey, 1, 2);
-		expect_wc(s, 2, IBV_WC_REM_ACCESS_ERR);
+		allowed_then_denied(s, r, R, W);
 	} else if (!strcmp(name, "no_remote_read")) {
-		post(s, W, b, lk, 4096, r->addr, r->rkey, 1, 1);
-		expect_wc(s, 1, IBV_WC_SUCCESS);
-		post(s, R, b, lk, 4096, r->addr, r->rkey, 1, 2);
-		expect_wc(s, 2, IBV_WC_REM_ACCESS_ERR);
+		allowed_then_denied(s, r, W, R);
 	} else if (!strcmp(name, "bad_lkey")) {
 		post(s, W, b, lk + 999, 4096, r->addr, r->rkey, 1, 1);
 		expect_wc(s, 1, IBV_WC_LOC_PROT_ERR);

@@ -169,6 +169,17 @@ static int registry(void)
 	return 0;
 }
 
+/* Slots are never reused, so keys and QP numbers stay unique over the fabric's life. */
+static int take_slot(_Atomic uint32_t *next, uint32_t slots, const char *what, uint32_t *slot)
+{
+	*slot = atomic_fetch_add(next, 1);
+	if (*slot < slots)
+		return 0;
+	fprintf(stderr, "softnic: fabric out of %s (%u); use a fresh SOFTNIC_DIR\n", what, slots);
+	errno = ENOMEM;
+	return -1;
+}
+
 static struct sn_mr_ent *mr_by_key(uint32_t key)
 {
 	if (key < SN_KEY_BASE || key - SN_KEY_BASE >= SN_MR_SLOTS)
@@ -736,13 +747,9 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t
 		errno = EINVAL;
 		return NULL;
 	}
-	uint32_t slot = atomic_fetch_add(&reg.hdr->next_mr, 1);
-	if (slot >= SN_MR_SLOTS) {
-		fprintf(stderr, "softnic: fabric out of memory-region keys (%u); use a fresh SOFTNIC_DIR\n",
-			SN_MR_SLOTS);
-		errno = ENOMEM;
+	uint32_t slot;
+	if (take_slot(&reg.hdr->next_mr, SN_MR_SLOTS, "memory-region keys", &slot) != 0)
 		return NULL;
-	}
 	struct sn_mr *m = calloc(1, sizeof(*m));
 	if (!m) {
 		errno = ENOMEM;
@@ -966,13 +973,9 @@ SN_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 		errno = EINVAL;
 		return NULL;
 	}
-	uint32_t slot = atomic_fetch_add(&reg.hdr->next_qp, 1);
-	if (slot >= SN_QP_SLOTS) {
-		fprintf(stderr, "softnic: fabric out of QP numbers (%u); use a fresh SOFTNIC_DIR\n",
-			SN_QP_SLOTS);
-		errno = ENOMEM;
+	uint32_t slot;
+	if (take_slot(&reg.hdr->next_qp, SN_QP_SLOTS, "QP numbers", &slot) != 0)
 		return NULL;
-	}
 	struct sn_qp *q = calloc(1, sizeof(*q));
 	if (q)
 		q->rq_ids = calloc(attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1, sizeof(uint64_t));
