@@ -4,6 +4,12 @@
 //! over it (LD_LIBRARY_PATH), moving verified bytes with RDMA WRITE and READ, and
 //! meeting the completion statuses a real RC queue pair gives.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
 mod soft_nic;
 
 use std::path::{Path, PathBuf};
@@ -21,7 +27,7 @@ fn selftest() -> &'static Path {
         let bin = dir.join("selftest");
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/soft_nic/selftest.c");
         let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-            .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+            .args(["-O2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o"])
             .arg(&bin)
             .arg(&src)
             .arg("-libverbs")
@@ -158,6 +164,13 @@ fn injected_retry_exceeded_on_one_hca() {
         stderr.contains("transport retry counter exceeded"),
         "{stderr}"
     );
+}
+
+#[test]
+fn concurrent_posts_on_one_qp_while_polling() {
+    let fabric = SoftFabric::new(&["soft_0"]);
+    let out = passes(&fabric, &["threads"], &[]);
+    assert!(out.contains("threads: 8000 completions in order per thread"), "{out}");
 }
 
 #[test]

@@ -11,8 +11,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-fn source_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/soft_nic")
+/// This directory; the same path from the engine crate and from `tests/` (e2e).
+pub fn source_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/soft_nic")
 }
 
 /// Where this test binary's soft NIC build lives.

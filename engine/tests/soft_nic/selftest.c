@@ -8,13 +8,18 @@
  * RDMA WRITE and READ. Exit status 0 = pass; failures print "FAIL: ..." and exit 1.
  *
  *   selftest xfer N          WRITE/READ both ways over N HCAs, bytes verified
- *   selftest neg CASE        one negative case (see main)
+ *   selftest neg CASE        one negative case (see neg_case)
+ *   selftest threads         four threads post on one QP while another polls
+ *   selftest states          QP state machine and port/GID contract (one process)
+ *   selftest list            each HCA and its port state
  *   selftest bench SIZE N    GB/s of N RDMA WRITEs of SIZE bytes vs a raw
  *                            process_vm_writev loop between the same processes
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <infiniband/verbs.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -402,6 +407,16 @@ static int mode_xfer(int nhcas)
 	return 0;
 }
 
+/* `allowed` succeeds on the target's region, `denied` gets REM_ACCESS_ERR. */
+static void allowed_then_denied(struct side *s, const struct info *r, enum ibv_wr_opcode allowed,
+				enum ibv_wr_opcode denied)
+{
+	post(s, allowed, (uintptr_t)s->buf, s->mr->lkey, 4096, r->addr, r->rkey, 1, 1);
+	expect_wc(s, 1, IBV_WC_SUCCESS);
+	post(s, denied, (uintptr_t)s->buf, s->mr->lkey, 4096, r->addr, r->rkey, 1, 2);
+	expect_wc(s, 2, IBV_WC_REM_ACCESS_ERR);
+}
+
 static int neg_case(const char *name)
 {
 	struct opts mine = default_opts, theirs = default_opts;
@@ -441,15 +456,9 @@ static int neg_case(const char *name)
 		post(s, R, b, lk, 100, r->addr - 1, r->rkey, 1, 1);
 		expect_wc(s, 1, IBV_WC_REM_ACCESS_ERR);
 	} else if (!strcmp(name, "no_remote_write") || !strcmp(name, "qp_no_remote_write")) {
-		post(s, R, b, lk, 4096, r->addr, r->rkey, 1, 1);
-		expect_wc(s, 1, IBV_WC_SUCCESS);
-		post(s, W, b, lk, 4096, r->addr, r->rkey, 1, 2);
-		expect_wc(s, 2, IBV_WC_REM_ACCESS_ERR);
+		allowed_then_denied(s, r, R, W);
 	} else if (!strcmp(name, "no_remote_read")) {
-		post(s, W, b, lk, 4096, r->addr, r->rkey, 1, 1);
-		expect_wc(s, 1, IBV_WC_SUCCESS);
-		post(s, R, b, lk, 4096, r->addr, r->rkey, 1, 2);
-		expect_wc(s, 2, IBV_WC_REM_ACCESS_ERR);
+		allowed_then_denied(s, r, W, R);
 	} else if (!strcmp(name, "bad_lkey")) {
 		post(s, W, b, lk + 999, 4096, r->addr, r->rkey, 1, 1);
 		expect_wc(s, 1, IBV_WC_LOC_PROT_ERR);
@@ -529,6 +538,86 @@ static int neg_case(const char *name)
 	expect_no_wc(s);
 	stop_pair(&p);
 	printf("case %s: ok\n", name);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- threads */
+
+#define T_POSTERS 4
+#define T_PER_THREAD 2000
+#define T_BLOCK 4096
+
+struct thread_arg {
+	struct side *s;
+	struct info *r;
+	int t;
+	int full; /* ENOMEM answers seen */
+};
+
+static void *poster(void *p)
+{
+	struct thread_arg *a = p;
+	for (int i = 0; i < T_PER_THREAD; i++) {
+		uint64_t off = (uint64_t)a->t * T_BLOCK;
+		int rc;
+		while ((rc = post(a->s, IBV_WR_RDMA_WRITE, (uintptr_t)a->s->buf + off, a->s->mr->lkey,
+				  T_BLOCK, a->r->addr + off, a->r->rkey, 1,
+				  (uint64_t)a->t << 32 | (uint64_t)i)) == ENOMEM) {
+			a->full++;
+			sched_yield();
+		}
+		CHECK(rc == 0, "thread %d post %d: %d", a->t, i, rc);
+	}
+	return NULL;
+}
+
+/* Four threads post on one QP while this thread polls its CQ. */
+static int mode_threads(void)
+{
+	struct opts o = default_opts;
+	o.max_send_wr = 32;
+	struct pair p;
+	start_pair(&p, 1, &o, &o);
+	struct side *s = &p.s[0];
+	for (int t = 0; t < T_POSTERS; t++)
+		fill(s->buf, (size_t)t * T_BLOCK, T_BLOCK, 60 + t);
+	pthread_t th[T_POSTERS];
+	struct thread_arg args[T_POSTERS];
+	for (int t = 0; t < T_POSTERS; t++) {
+		args[t] = (struct thread_arg){s, &p.peer[0], t, 0};
+		CHECK(pthread_create(&th[t], NULL, poster, &args[t]) == 0, "pthread_create");
+	}
+	int next[T_POSTERS] = {0};
+	for (int done = 0; done < T_POSTERS * T_PER_THREAD;) {
+		struct ibv_wc wc[8];
+		int n = ibv_poll_cq(s->cq, 8, wc);
+		CHECK(n >= 0, "poll");
+		for (int k = 0; k < n; k++) {
+			int t = (int)(wc[k].wr_id >> 32), i = (int)(uint32_t)wc[k].wr_id;
+			CHECK(wc[k].status == IBV_WC_SUCCESS, "'%s'", ibv_wc_status_str(wc[k].status));
+			CHECK(t < T_POSTERS && i == next[t], "thread %d: completion %d, want %d", t, i,
+			      next[t]);
+			next[t]++;
+		}
+		done += n;
+	}
+	int full = 0;
+	for (int t = 0; t < T_POSTERS; t++) {
+		pthread_join(th[t], NULL);
+		full += args[t].full;
+		CHECK(ask(&p, C_VERIFY, 0, (uint64_t)t * T_BLOCK, T_BLOCK, 60 + t) == 1,
+		      "thread %d's bytes", t);
+	}
+	expect_no_wc(s);
+	/* Every slot is free again. */
+	for (unsigned k = 0; k < o.max_send_wr; k++)
+		CHECK(post(s, IBV_WR_RDMA_WRITE, (uintptr_t)s->buf, s->mr->lkey, 64, p.peer[0].addr,
+			   p.peer[0].rkey, k + 1 == o.max_send_wr, 999) == 0,
+		      "send queue not fully free after all completions were polled");
+	expect_wc(s, 999, IBV_WC_SUCCESS);
+	stop_pair(&p);
+	printf("threads: %d completions in order per thread, send queue full %d times\n",
+	       T_POSTERS * T_PER_THREAD, full);
 	return 0;
 }
 
@@ -663,12 +752,14 @@ int main(int argc, char **argv)
 		return mode_xfer(atoi(argv[2]));
 	if (argc >= 3 && !strcmp(argv[1], "neg"))
 		return neg_case(argv[2]);
+	if (argc >= 2 && !strcmp(argv[1], "threads"))
+		return mode_threads();
 	if (argc >= 2 && !strcmp(argv[1], "states"))
 		return mode_states();
 	if (argc >= 2 && !strcmp(argv[1], "list"))
 		return mode_list();
 	if (argc >= 4 && !strcmp(argv[1], "bench"))
 		return mode_bench((size_t)atol(argv[2]), atol(argv[3]));
-	fprintf(stderr, "usage: selftest xfer N | neg CASE | states | list | bench SIZE ITERS\n");
+	fprintf(stderr, "usage: selftest xfer N | neg CASE | threads | states | list | bench SIZE ITERS\n");
 	return 2;
 }

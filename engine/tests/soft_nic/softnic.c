@@ -32,7 +32,10 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The header wraps these exported verbs in macros; this file defines the symbols. */
@@ -83,6 +86,7 @@ struct sn_qp_ent {
 	uint64_t pd;
 	uint32_t hca;
 	uint32_t pad;
+	uint64_t start_time; /* of the owner process: tells a reused pid apart */
 };
 
 struct sn_registry {
@@ -169,6 +173,17 @@ static int registry(void)
 	return 0;
 }
 
+/* Slots are never reused, so keys and QP numbers stay unique over the fabric's life. */
+static int take_slot(_Atomic uint32_t *next, uint32_t slots, const char *what, uint32_t *slot)
+{
+	*slot = atomic_fetch_add(next, 1);
+	if (*slot < slots)
+		return 0;
+	fprintf(stderr, "softnic: fabric out of %s (%u); use a fresh SOFTNIC_DIR\n", what, slots);
+	errno = ENOMEM;
+	return -1;
+}
+
 static struct sn_mr_ent *mr_by_key(uint32_t key)
 {
 	if (key < SN_KEY_BASE || key - SN_KEY_BASE >= SN_MR_SLOTS)
@@ -184,6 +199,28 @@ static struct sn_qp_ent *qp_by_num(uint32_t qpn)
 	if (qpn < SN_QPN_BASE || qpn - SN_QPN_BASE >= SN_QP_SLOTS)
 		return NULL;
 	return &reg.qps[qpn - SN_QPN_BASE];
+}
+
+/* Field 22 of /proc/<pid>/stat (start time in clock ticks since boot), 0 if gone. */
+static uint64_t start_time_of(pid_t pid)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+	if (!p)
+		return 0;
+	p++; /* the space before field 3 */
+	for (int field = 3; field < 22 && p; field++)
+		p = strchr(p + 1, ' ');
+	return p ? strtoull(p + 1, NULL, 10) : 0;
 }
 
 /* ---------------------------------------------------------------- configuration */
@@ -353,6 +390,11 @@ struct sn_qp {
 	uint32_t timeout, retry_cnt, rnr_retry, min_rnr_timer;
 	uint32_t rq_psn, sq_psn, max_rd_atomic, max_dest_rd_atomic;
 	struct ibv_ah_attr ah;
+	/* The peer process, pinned by a pidfd once its start time matched the registry's,
+	 * so a pid the kernel reused is never written to. */
+	int peer_pidfd;
+	uint32_t peer_pidfd_qpn;
+	uint64_t peer_checked_ns;
 };
 
 static struct sn_device devices[SN_MAX_HCAS];
@@ -736,13 +778,9 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t
 		errno = EINVAL;
 		return NULL;
 	}
-	uint32_t slot = atomic_fetch_add(&reg.hdr->next_mr, 1);
-	if (slot >= SN_MR_SLOTS) {
-		fprintf(stderr, "softnic: fabric out of memory-region keys (%u); use a fresh SOFTNIC_DIR\n",
-			SN_MR_SLOTS);
-		errno = ENOMEM;
+	uint32_t slot;
+	if (take_slot(&reg.hdr->next_mr, SN_MR_SLOTS, "memory-region keys", &slot) != 0)
 		return NULL;
-	}
 	struct sn_mr *m = calloc(1, sizeof(*m));
 	if (!m) {
 		errno = ENOMEM;
@@ -966,13 +1004,9 @@ SN_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 		errno = EINVAL;
 		return NULL;
 	}
-	uint32_t slot = atomic_fetch_add(&reg.hdr->next_qp, 1);
-	if (slot >= SN_QP_SLOTS) {
-		fprintf(stderr, "softnic: fabric out of QP numbers (%u); use a fresh SOFTNIC_DIR\n",
-			SN_QP_SLOTS);
-		errno = ENOMEM;
+	uint32_t slot;
+	if (take_slot(&reg.hdr->next_qp, SN_QP_SLOTS, "QP numbers", &slot) != 0)
 		return NULL;
-	}
 	struct sn_qp *q = calloc(1, sizeof(*q));
 	if (q)
 		q->rq_ids = calloc(attr->cap.max_recv_wr ? attr->cap.max_recv_wr : 1, sizeof(uint64_t));
@@ -998,7 +1032,9 @@ SN_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 	pthread_mutex_init(&q->lock, NULL);
 	pthread_mutex_init(&q->qp.mutex, NULL);
 	pthread_cond_init(&q->qp.cond, NULL);
+	q->peer_pidfd = -1;
 	q->ent->pid = getpid();
+	q->ent->start_time = start_time_of(getpid());
 	q->ent->pd = q->pd_id;
 	q->ent->hca = (uint32_t)q->hca;
 	atomic_store(&q->ent->dest_qpn, 0);
@@ -1020,6 +1056,8 @@ SN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	atomic_fetch_sub(&((struct sn_pd *)qp->pd)->users, 1);
 	atomic_fetch_sub(&((struct sn_cq *)qp->send_cq)->users, 1);
 	atomic_fetch_sub(&((struct sn_cq *)qp->recv_cq)->users, 1);
+	if (q->peer_pidfd >= 0)
+		close(q->peer_pidfd);
 	pthread_mutex_destroy(&q->lock);
 	free(q->rq_ids);
 	free(q);
@@ -1266,6 +1304,38 @@ static enum ibv_wc_status vm_copy(pid_t pid, int write, struct iovec *loc, int n
 	return IBV_WC_SUCCESS;
 }
 
+/* True while the peer process that owns `peer` is the one that registered it. */
+static int peer_alive(struct sn_qp *q, const struct sn_qp_ent *peer)
+{
+	if (q->peer_pidfd < 0 || q->peer_pidfd_qpn != q->dest_qpn) {
+		if (q->peer_pidfd >= 0)
+			close(q->peer_pidfd);
+		q->peer_pidfd = (int)syscall(SYS_pidfd_open, peer->pid, 0);
+		q->peer_pidfd_qpn = q->dest_qpn;
+		q->peer_checked_ns = 0;
+		if (q->peer_pidfd < 0)
+			return 0;
+		if (start_time_of(peer->pid) != peer->start_time) {
+			close(q->peer_pidfd);
+			q->peer_pidfd = -1;
+			return 0;
+		}
+	}
+	/* A pidfd turns readable when its process exits. While it lives, a dead peer shows
+	 * as ESRCH from process_vm_*; the check only has to beat pid reuse, which takes
+	 * far longer than a millisecond, so it is not paid on every WR. */
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	if (now - q->peer_checked_ns < 1000000)
+		return 1;
+	struct pollfd pfd = {.fd = q->peer_pidfd, .events = POLLIN};
+	if (poll(&pfd, 1, 0) != 0)
+		return 0;
+	q->peer_checked_ns = now;
+	return 1;
+}
+
 /* Executes one RDMA WRITE or READ as an RC requester and its responder would. */
 static enum ibv_wc_status execute(struct sn_qp *q, struct ibv_send_wr *wr, uint32_t *bytes)
 {
@@ -1317,6 +1387,8 @@ static enum ibv_wc_status execute(struct sn_qp *q, struct ibv_send_wr *wr, uint3
 		}
 		return IBV_WC_SUCCESS;
 	}
+	if (!peer_alive(q, peer))
+		return IBV_WC_RETRY_EXC_ERR;
 	return vm_copy(peer->pid, write, loc, wr->num_sge, ra, len);
 }
 
