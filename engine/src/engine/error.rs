@@ -79,6 +79,7 @@ impl EngineError {
             Self::Listen { .. } => -102,
             Self::Transport(crate::transport::TransportError::Unusable { .. }) => -201,
             Self::Transport(crate::transport::TransportError::Io { .. }) => -102,
+            Self::Transport(crate::transport::TransportError::Register { .. }) => -1,
             Self::Transfer { .. } => -1,
             Self::Metadata(crate::metadata::MetadataError::Handshake { .. }) => -104,
             Self::Metadata(crate::metadata::MetadataError::BadDescriptor { .. }) => -200,

@@ -398,8 +398,12 @@ impl Inner {
                     name: self.session_id.clone(),
                     addr,
                     length,
+                    rkey: Vec::new(),
+                    lkey: Vec::new(),
                 })
                 .collect(),
+            devices: Vec::new(),
+            priority_matrix: Default::default(),
         };
         for t in &self.transports {
             t.describe(&mut desc);

@@ -8,6 +8,7 @@
 //! it, so that a canceled batch or an unregistered region can cut that connection and
 //! know when the memory is free again.
 
+pub mod rdma;
 pub mod tcp;
 
 use std::sync::Arc;
@@ -32,6 +33,18 @@ pub enum TransportError {
         /// This transport's protocol.
         protocol: &'static str,
         /// What is missing or wrong.
+        reason: String,
+    },
+    /// Memory could not be registered with the transport's devices.
+    #[error("cannot register {addr:#x}+{len} for {protocol}: {reason}")]
+    Register {
+        /// Start address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// The transport's protocol.
+        protocol: &'static str,
+        /// What failed and what to do.
         reason: String,
     },
     /// A listener, thread or socket could not be set up.
