@@ -32,6 +32,7 @@ pub mod notify_queue;
 pub mod task;
 pub mod topology;
 pub mod transport;
+pub mod verbs;
 pub mod wire;
 
 pub use config::Config;

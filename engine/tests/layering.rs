@@ -55,6 +55,12 @@ const MODULES: &[(&str, u32, &str)] = &[
         "shared: GPU runtimes loaded at run time; topology asks them for GPUs, memory for a \
          location's device, transports copy through them; uses config only",
     ),
+    (
+        "verbs",
+        16,
+        "shared: libibverbs loaded at run time (FFI and RAII wrappers); topology may ask it \
+         for ports and GIDs, the RDMA transport drives it; uses nothing of ours",
+    ),
     ("topology", 20, "layer: HCAs, NUMA, GPU-to-NIC distance"),
     ("memory", 30, "layer: registered regions"),
     (
