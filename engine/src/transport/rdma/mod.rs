@@ -31,6 +31,7 @@
 pub mod backend;
 pub mod fake;
 mod path;
+pub mod verbs_backend;
 mod worker;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -81,6 +82,9 @@ pub struct RdmaParams {
     pub mtu: u32,
     /// `MC_MAX_EP_PER_CTX`: endpoints per HCA (65536), active and passive each.
     pub max_ep_per_ctx: usize,
+    /// `MC_MAX_CQE_PER_CTX`: completion queue entries per HCA (4096), which also caps
+    /// the requests outstanding on one HCA.
+    pub max_cqe: usize,
 }
 
 impl Default for RdmaParams {
@@ -95,6 +99,7 @@ impl Default for RdmaParams {
             gid_index: -1,
             mtu: 4096,
             max_ep_per_ctx: 65536,
+            max_cqe: 4096,
         }
     }
 }
@@ -436,6 +441,34 @@ impl std::fmt::Debug for RdmaTransport {
 const MAX_PEERS: usize = 4096;
 
 impl RdmaTransport {
+    /// Starts the transport over the HCAs `hcas` (opened through the verbs library that
+    /// `MC_IBVERBS_PATH` names, or `libibverbs.so.1`), in that device order.
+    /// `local_name` is this engine's server name (the `<server>` of its NIC paths; the
+    /// session id in P2P mode), `topology` the location → `[preferred, available]` HCA
+    /// map (upstream's topology JSON), `params` the `MC_*` RDMA settings; endpoint
+    /// handshakes go through the engine's handshake client with `config`'s bounds.
+    pub fn start(
+        local_name: &str,
+        hcas: &[verbs_backend::HcaSpec],
+        topology: Topology,
+        params: RdmaParams,
+        config: &Config,
+    ) -> Result<Self, TransportError> {
+        let unusable = |reason: String| TransportError::Unusable {
+            segment: local_name.to_string(),
+            protocol: PROTOCOL,
+            reason,
+        };
+        let verbs = crate::verbs::shared().map_err(|e| unusable(e.to_string()))?;
+        let mut nics: Vec<Arc<dyn Nic>> = Vec::with_capacity(hcas.len());
+        for hca in hcas {
+            let nic = verbs_backend::VerbsNic::open(&verbs, hca, &params).map_err(unusable)?;
+            nics.push(Arc::new(nic));
+        }
+        let connector = Arc::new(HandshakeConnector::new(config));
+        Self::with_nics(local_name, nics, topology, params, connector)
+    }
+
     /// Starts the transport over `nics` (in device order: the order of every buffer's
     /// keys in our descriptor). `local_name` is this engine's server name (the
     /// `<server>` of our NIC paths), `topology` the local location → `[preferred,

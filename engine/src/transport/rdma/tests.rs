@@ -562,3 +562,24 @@ fn passive_endpoints_are_capped() {
     }
     assert_eq!(fabric.live_qps() - before, 3 * 2);
 }
+
+#[test]
+fn requests_outstanding_on_one_hca_stay_within_its_completion_queue() {
+    let params = RdmaParams {
+        max_cqe: 3,
+        slice_size: 4096,
+        ..RdmaParams::default()
+    };
+    let (fabric, _net, a, b) = pair(params);
+    fabric.stall("a0", true);
+    let batch = a.transfer(&b, OpCode::Write, 0, 10 * 4096);
+    let t0 = Instant::now();
+    while fabric.queued("a0") < 3 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(fabric.queued("a0"), 3, "MC_MAX_CQE_PER_CTX bounds the HCA");
+    fabric.stall("a0", false);
+    batch.wait().unwrap();
+    assert_eq!(fabric.executed("a0"), 10);
+}

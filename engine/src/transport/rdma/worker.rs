@@ -140,6 +140,10 @@ pub(crate) struct Worker {
     free: Vec<usize>,
     generation: u32,
     inflight: usize,
+    /// Work waiting for room on the HCA (its completion queue is full).
+    waiting: VecDeque<Work>,
+    /// Endpoints whose queues stopped for lack of room on the HCA.
+    starved: VecDeque<u64>,
     wcs: Vec<Completion>,
 }
 
@@ -160,12 +164,32 @@ impl Worker {
             free: Vec::new(),
             generation: 0,
             inflight: 0,
+            waiting: VecDeque::new(),
+            starved: VecDeque::new(),
             wcs: Vec::with_capacity(POLL_BATCH),
         }
     }
 
     fn cap(&self) -> usize {
         (self.shared.params.max_wr * self.shared.params.num_qp_per_ep).max(1)
+    }
+
+    /// Whether the HCA's completion queue has room for one more request.
+    fn nic_has_room(&self) -> bool {
+        self.inflight < self.shared.params.max_cqe.max(1)
+    }
+
+    /// Moves work that waited for room on the HCA.
+    fn feed(&mut self) {
+        while self.nic_has_room() {
+            if let Some(ep) = self.starved.pop_front() {
+                self.pump(ep);
+            } else if let Some(w) = self.waiting.pop_front() {
+                self.handle(w);
+            } else {
+                return;
+            }
+        }
     }
 
     pub(crate) fn run(mut self, rx: Receiver<Msg>) {
@@ -185,6 +209,7 @@ impl Worker {
                 }
             }
             busy |= self.poll();
+            self.feed();
             if busy {
                 idle = 0;
                 continue;
@@ -228,6 +253,9 @@ impl Worker {
     }
 
     fn shutdown(mut self, rx: &Receiver<Msg>) {
+        for w in self.waiting.drain(..) {
+            w.fail(TransferError::Canceled("the engine shut down"));
+        }
         for ep in self.eps.values_mut() {
             ep.cut.abort();
             for w in ep.queue.drain(..) {
@@ -269,6 +297,10 @@ impl Worker {
             return work.fail(TransferError::Canceled(
                 "its batch was canceled (deadline, interrupt or shutdown)",
             ));
+        }
+        if !self.nic_has_room() {
+            self.waiting.push_back(work);
+            return;
         }
         let ep = match self.endpoint(&work.peer, work.remote_dev) {
             Ok(ep) => ep,
@@ -657,7 +689,9 @@ impl Worker {
     /// Posts queued work as room frees up; drops a broken endpoint once it is idle.
     fn pump(&mut self, ep_id: u64) {
         let cap = self.cap();
+        let max_cqe = self.shared.params.max_cqe.max(1);
         loop {
+            let full = self.inflight >= max_cqe;
             let Some(ep) = self.eps.get_mut(&ep_id) else {
                 return;
             };
@@ -673,6 +707,12 @@ impl Worker {
                 return;
             }
             if ep.outstanding >= cap {
+                return;
+            }
+            if full {
+                if !ep.queue.is_empty() && !self.starved.contains(&ep_id) {
+                    self.starved.push_back(ep_id);
+                }
                 return;
             }
             let Some(w) = ep.queue.pop_front() else {
