@@ -158,6 +158,12 @@ impl Side {
     }
 }
 
+/// The soft HCAs of the child's fabric.
+fn soft_hcas() -> Vec<String> {
+    let list = std::env::var("SOFTNIC_HCAS").unwrap();
+    list.split(',').map(str::to_string).collect()
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
@@ -170,11 +176,7 @@ fn child_moves_bytes() {
     if std::env::var_os(CHILD).is_none() {
         return;
     }
-    let hcas: Vec<String> = std::env::var("SOFTNIC_HCAS")
-        .unwrap()
-        .split(',')
-        .map(str::to_string)
-        .collect();
+    let hcas = soft_hcas();
     let net = Arc::new(InProcess::default());
     let a = side(&net, "127.0.0.1:2001", &hcas);
     let b = side(&net, "127.0.0.1:2002", &hcas);
@@ -197,11 +199,7 @@ fn child_with_injected_errors() {
     if std::env::var_os(CHILD).is_none() {
         return;
     }
-    let hcas: Vec<String> = std::env::var("SOFTNIC_HCAS")
-        .unwrap()
-        .split(',')
-        .map(str::to_string)
-        .collect();
+    let hcas = soft_hcas();
     let net = Arc::new(InProcess::default());
     let a = side(&net, "127.0.0.1:2001", &hcas[..1]);
     let b = side(&net, "127.0.0.1:2002", &hcas[1..]);

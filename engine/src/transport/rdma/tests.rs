@@ -169,6 +169,17 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Waits until `n` requests are in flight on the stalled `nic`, then a moment more, so
+/// that a test sees any request beyond `n` that should not be there.
+fn wait_in_flight(fabric: &FakeFabric, nic: &str, n: usize) -> usize {
+    let t0 = Instant::now();
+    while fabric.queued(nic) < n && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    fabric.queued(nic)
+}
+
 /// Two sides with one HCA each.
 fn pair(params: RdmaParams) -> (FakeFabric, Arc<Net>, Side, Side) {
     let fabric = FakeFabric::new();
@@ -389,30 +400,41 @@ fn a_request_fails_with_its_reason_when_every_path_fails() {
     );
 }
 
-#[test]
-fn posting_beyond_the_watermark_queues() {
+/// Posts `slices` slices of 4 KiB on a stalled HCA: only `bound` may be in flight; the
+/// rest wait and go out once the HCA moves again.
+fn outstanding_requests_are_bounded(params: RdmaParams, slices: u64, bound: usize) {
     let params = RdmaParams {
-        max_wr: 2,
-        num_qp_per_ep: 1,
         slice_size: 4096,
-        ..RdmaParams::default()
+        ..params
     };
     let (fabric, _net, a, b) = pair(params);
     fabric.stall("a0", true);
-    let batch = a.transfer(&b, OpCode::Write, 0, 40 * 4096);
-    let t0 = Instant::now();
-    while fabric.queued("a0") < 2 && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(
-        fabric.queued("a0"),
-        2,
-        "at most max_wr x num_qp outstanding"
-    );
+    let batch = a.transfer(&b, OpCode::Write, 0, slices * 4096);
+    assert_eq!(wait_in_flight(&fabric, "a0", bound), bound);
     fabric.stall("a0", false);
     batch.wait().unwrap();
-    assert_eq!(fabric.executed("a0"), 40);
+    assert_eq!(fabric.executed("a0"), slices);
+}
+
+#[test]
+fn posting_beyond_the_watermark_queues() {
+    // MC_MAX_WR x MC_NUM_QP_PER_EP per endpoint.
+    let params = RdmaParams {
+        max_wr: 2,
+        num_qp_per_ep: 1,
+        ..RdmaParams::default()
+    };
+    outstanding_requests_are_bounded(params, 40, 2);
+}
+
+#[test]
+fn requests_outstanding_on_one_hca_stay_within_its_completion_queue() {
+    // MC_MAX_CQE_PER_CTX per HCA.
+    let params = RdmaParams {
+        max_cqe: 3,
+        ..RdmaParams::default()
+    };
+    outstanding_requests_are_bounded(params, 10, 3);
 }
 
 #[test]
@@ -421,11 +443,7 @@ fn cancel_and_drain_returns_only_after_the_flush() {
     a.buf.fill(0xab);
     fabric.stall("a0", true);
     let batch = a.transfer(&b, OpCode::Write, 0, 8 * 65536);
-    let t0 = Instant::now();
-    while fabric.queued("a0") < 8 && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert_eq!(fabric.queued("a0"), 8, "all in flight");
+    assert_eq!(wait_in_flight(&fabric, "a0", 8), 8, "all in flight");
     batch.cancel_and_drain();
     assert_eq!(fabric.queued("a0"), 0, "flushed before the drain returned");
     fabric.stall("a0", false);
@@ -441,10 +459,7 @@ fn unregister_waits_for_the_flush_and_deregisters() {
     let (fabric, _net, a, b) = pair(RdmaParams::default());
     fabric.stall("a0", true);
     let batch = a.transfer(&b, OpCode::Write, 0, 4 * 65536);
-    let t0 = Instant::now();
-    while fabric.queued("a0") < 4 && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    assert_eq!(wait_in_flight(&fabric, "a0", 4), 4);
     let before = fabric.registrations();
     let region = a.memory.unregister(a.buf.addr()).unwrap();
     assert_eq!(fabric.queued("a0"), 0, "unregister cut the endpoint first");
@@ -561,25 +576,4 @@ fn passive_endpoints_are_capped() {
         assert_eq!(reply.reply_msg, "");
     }
     assert_eq!(fabric.live_qps() - before, 3 * 2);
-}
-
-#[test]
-fn requests_outstanding_on_one_hca_stay_within_its_completion_queue() {
-    let params = RdmaParams {
-        max_cqe: 3,
-        slice_size: 4096,
-        ..RdmaParams::default()
-    };
-    let (fabric, _net, a, b) = pair(params);
-    fabric.stall("a0", true);
-    let batch = a.transfer(&b, OpCode::Write, 0, 10 * 4096);
-    let t0 = Instant::now();
-    while fabric.queued("a0") < 3 && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(fabric.queued("a0"), 3, "MC_MAX_CQE_PER_CTX bounds the HCA");
-    fabric.stall("a0", false);
-    batch.wait().unwrap();
-    assert_eq!(fabric.executed("a0"), 10);
 }

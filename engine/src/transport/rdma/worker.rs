@@ -462,6 +462,38 @@ impl Worker {
     }
 
     fn post(&mut self, ep_id: u64, work: Work) {
+        let lkey = work
+            .slice
+            .local_region
+            .as_ref()
+            .and_then(|r| self.shared.lkey(r, self.idx));
+        let rkey = work
+            .peer
+            .buffers
+            .get(work.buffer)
+            .and_then(|b| b.rkeys.get(work.remote_dev))
+            .copied();
+        let (lkey, rkey, len) = match (lkey, rkey, u32::try_from(work.slice.len)) {
+            (Some(l), Some(r), Ok(n)) => (l, r, n),
+            (None, _, _) => {
+                let (addr, len) = (work.slice.local, work.slice.len);
+                return work.fail(TransferError::LocalNotRegistered {
+                    addr,
+                    len,
+                    protocol: PROTOCOL,
+                });
+            }
+            _ => {
+                let peer = work.peer.segment.clone();
+                return work.fail(TransferError::Protocol {
+                    peer,
+                    reason: "its descriptor lacks a remote key for the device".into(),
+                });
+            }
+        };
+        let Some(ep) = self.eps.get_mut(&ep_id) else {
+            return work.fail(TransferError::Canceled("endpoint vanished"));
+        };
         let Work {
             slice,
             extra,
@@ -472,53 +504,6 @@ impl Worker {
             remote_dev,
             last_error,
         } = work;
-        let lkey = slice
-            .local_region
-            .as_ref()
-            .and_then(|r| self.shared.lkey(r, self.idx));
-        let rkey = peer
-            .buffers
-            .get(buffer)
-            .and_then(|b| b.rkeys.get(remote_dev))
-            .copied();
-        let (Some(lkey), Some(rkey), Ok(len)) = (lkey, rkey, u32::try_from(slice.len)) else {
-            let (addr, len) = (slice.local, slice.len);
-            let work = Work {
-                slice,
-                extra,
-                peer,
-                buffer,
-                rr,
-                attempt,
-                remote_dev,
-                last_error,
-            };
-            let err = match lkey {
-                None => TransferError::LocalNotRegistered {
-                    addr,
-                    len,
-                    protocol: PROTOCOL,
-                },
-                Some(_) => TransferError::Protocol {
-                    peer: work.peer.segment.clone(),
-                    reason: "its descriptor lacks a remote key for the device".into(),
-                },
-            };
-            return work.fail(err);
-        };
-        let Some(ep) = self.eps.get_mut(&ep_id) else {
-            let work = Work {
-                slice,
-                extra,
-                peer,
-                buffer,
-                rr,
-                attempt,
-                remote_dev,
-                last_error,
-            };
-            return work.fail(TransferError::Canceled("endpoint vanished"));
-        };
         let Some(held) = slice.take(&ep.carrier, &mut ep.last_batch) else {
             // Finished by `take` (canceled batch or local buffer unregistered).
             for e in extra {
@@ -528,21 +513,21 @@ impl Worker {
             }
             return;
         };
+        let inflight = InFlight {
+            held,
+            extra,
+            peer,
+            buffer,
+            rr,
+            attempt,
+            remote_dev,
+            ep: ep_id,
+        };
         let Some(qp) = ep.next_qp() else {
-            let work = InFlight {
-                held,
-                extra,
-                peer,
-                buffer,
-                rr,
-                attempt,
-                remote_dev,
-                ep: ep_id,
-            }
-            .into_work(last_error);
+            let work = inflight.into_work(last_error);
             return work.fail(TransferError::Canceled("endpoint without queue pairs"));
         };
-        let s = held.slice();
+        let s = inflight.held.slice();
         let wr = WorkRequest {
             wr_id: 0,
             op: match s.op {
@@ -555,16 +540,7 @@ impl Worker {
             remote: s.remote,
             rkey,
         };
-        let wr_id = self.insert(InFlight {
-            held,
-            extra,
-            peer,
-            buffer,
-            rr,
-            attempt,
-            remote_dev,
-            ep: ep_id,
-        });
+        let wr_id = self.insert(inflight);
         let wr = WorkRequest { wr_id, ..wr };
         // SAFETY: the slice is held (its batch entered, its local region pinned) with this
         // endpoint as carrier until its completion is polled: the range stays valid and
