@@ -31,6 +31,7 @@
 pub mod backend;
 pub mod fake;
 mod path;
+mod setup;
 pub mod verbs_backend;
 mod worker;
 

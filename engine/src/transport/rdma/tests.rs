@@ -30,11 +30,15 @@ use crate::wire::tcp::OpCode;
 struct Net {
     peers: Mutex<HashMap<String, Weak<RdmaTransport>>>,
     handshakes: AtomicUsize,
+    /// How long a handshake takes (a slow peer).
+    delay: Mutex<Duration>,
 }
 
 impl Connector for Net {
     fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, String> {
         self.handshakes.fetch_add(1, Ordering::SeqCst);
+        let delay = *self.delay.lock();
+        std::thread::sleep(delay);
         let t = self
             .peers
             .lock()
@@ -452,6 +456,32 @@ fn cancel_and_drain_returns_only_after_the_flush() {
     // The endpoint is rebuilt for the next batch.
     a.transfer(&b, OpCode::Write, 0, 65536).wait().unwrap();
     assert_eq!(b.buf.read_at(0, 65536).unwrap(), vec![0xab; 65536]);
+}
+
+#[test]
+fn a_slow_handshake_does_not_hold_up_a_drain() {
+    let (fabric, net, a, b) = pair(RdmaParams::default());
+    let c = Side::new(
+        &net,
+        &fabric,
+        "127.0.0.1:1003",
+        &["c0"],
+        Topology::new(),
+        RdmaParams::default(),
+    );
+    fabric.stall("a0", true);
+    let to_b = a.transfer(&b, OpCode::Write, 0, 4 * 65536);
+    assert_eq!(wait_in_flight(&fabric, "a0", 4), 4);
+    // The endpoint to c takes 2 s to set up.
+    *net.delay.lock() = Duration::from_secs(2);
+    let to_c = a.transfer(&c, OpCode::Write, 0, 65536);
+    std::thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    to_b.cancel_and_drain();
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!(fabric.queued("a0"), 0);
+    fabric.stall("a0", false);
+    to_c.wait().unwrap();
 }
 
 #[test]

@@ -10,20 +10,28 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::backend::{Completion, QueuePair, RdmaOp, WcStatus, WorkRequest};
-use super::{Peer, Shared, PROTOCOL};
+use super::{setup, Peer, Shared, PROTOCOL};
 use crate::error::TransferError;
 use crate::memory::Abort;
 use crate::transport::{Held, Slice};
-use crate::wire::rdma::{format_gid, ConnectMsg};
 use crate::wire::tcp::OpCode;
 
 /// A message to a worker.
 pub(crate) enum Msg {
     /// A slice to send.
     Work(Work),
+    /// The setup thread finished the endpoint at `path`.
+    Ready {
+        /// The peer NIC path.
+        path: String,
+        /// Its cut-off switch (and queue pairs), or why there is none.
+        result: Result<Arc<EndpointCut>, TransferError>,
+    },
     /// Shut down: fail what is queued, wait for what is in flight.
     Stop,
 }
@@ -94,6 +102,16 @@ pub(crate) struct EndpointCut {
     broken: AtomicBool,
 }
 
+impl EndpointCut {
+    /// A switch over freshly connected queue pairs.
+    pub(crate) fn new(qps: Vec<Arc<dyn QueuePair>>) -> Self {
+        Self {
+            qps,
+            broken: AtomicBool::new(false),
+        }
+    }
+}
+
 impl Abort for EndpointCut {
     fn abort(&self) {
         self.broken.store(true, Ordering::SeqCst);
@@ -144,6 +162,10 @@ pub(crate) struct Worker {
     waiting: VecDeque<Work>,
     /// Endpoints whose queues stopped for lack of room on the HCA.
     starved: VecDeque<u64>,
+    /// Work waiting for the endpoint being set up at its path.
+    connecting: HashMap<String, Vec<Work>>,
+    setup_tx: Option<Sender<setup::Request>>,
+    setup_thread: Option<JoinHandle<()>>,
     wcs: Vec<Completion>,
 }
 
@@ -154,6 +176,13 @@ const MSG_BATCH: usize = 64;
 
 impl Worker {
     pub(crate) fn new(shared: Arc<Shared>, idx: usize) -> Self {
+        let (setup_tx, setup_thread) = match setup::spawn(&shared, idx) {
+            Ok((tx, t)) => (Some(tx), Some(t)),
+            Err(e) => {
+                tracing::warn!("no RDMA setup thread ({e}); endpoints are set up inline");
+                (None, None)
+            }
+        };
         Self {
             shared,
             idx,
@@ -166,6 +195,9 @@ impl Worker {
             inflight: 0,
             waiting: VecDeque::new(),
             starved: VecDeque::new(),
+            connecting: HashMap::new(),
+            setup_tx,
+            setup_thread,
             wcs: Vec::with_capacity(POLL_BATCH),
         }
     }
@@ -202,6 +234,10 @@ impl Worker {
                         busy = true;
                         self.handle(w);
                     }
+                    Ok(Msg::Ready { path, result }) => {
+                        busy = true;
+                        self.ready(path, result);
+                    }
                     Ok(Msg::Stop) | Err(TryRecvError::Disconnected) => {
                         return self.shutdown(&rx);
                     }
@@ -217,6 +253,7 @@ impl Worker {
             if self.inflight == 0 {
                 match rx.recv_timeout(Duration::from_millis(100)) {
                     Ok(Msg::Work(w)) => self.handle(w),
+                    Ok(Msg::Ready { path, result }) => self.ready(path, result),
                     Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => {
                         return self.shutdown(&rx);
                     }
@@ -255,6 +292,16 @@ impl Worker {
     fn shutdown(mut self, rx: &Receiver<Msg>) {
         for w in self.waiting.drain(..) {
             w.fail(TransferError::Canceled("the engine shut down"));
+        }
+        for (_, waiting) in self.connecting.drain() {
+            for w in waiting {
+                w.fail(TransferError::Canceled("the engine shut down"));
+            }
+        }
+        // The setup thread ends after the handshake it may be in.
+        self.setup_tx = None;
+        if let Some(t) = self.setup_thread.take() {
+            let _ = t.join();
         }
         for ep in self.eps.values_mut() {
             ep.cut.abort();
@@ -302,9 +349,13 @@ impl Worker {
             self.waiting.push_back(work);
             return;
         }
-        let ep = match self.endpoint(&work.peer, work.remote_dev) {
-            Ok(ep) => ep,
-            Err(e) => return self.retry(work, e),
+        let path = work.peer.nic_path(work.remote_dev);
+        if let Some(waiting) = self.connecting.get_mut(&path) {
+            waiting.push(work);
+            return;
+        }
+        let Some(ep) = self.live_endpoint(&path) else {
+            return self.start_setup(path, work);
         };
         let cap = self.cap();
         let Some(endpoint) = self.eps.get_mut(&ep) else {
@@ -317,51 +368,88 @@ impl Worker {
         self.post(ep, work);
     }
 
-    /// The live endpoint to `peer`'s device, set up (handshake) if there is none.
-    fn endpoint(&mut self, peer: &Peer, device: usize) -> Result<u64, TransferError> {
-        let path = peer.nic_path(device);
-        if let Some(&id) = self.by_path.get(&path) {
-            match self.eps.get_mut(&id) {
-                Some(ep) if !ep.cut.is_broken() => return Ok(id),
-                Some(ep) => {
-                    // Rebuilt below; its queued work follows the new one.
-                    let queued: Vec<Work> = ep.queue.drain(..).collect();
-                    self.by_path.remove(&path);
-                    self.reap(id);
-                    for w in queued {
-                        self.shared.dispatch(w);
-                    }
+    /// The live endpoint at `path`, if there is one; a broken one is retired (its queued
+    /// work goes to the next path) so that a new one is set up.
+    fn live_endpoint(&mut self, path: &str) -> Option<u64> {
+        let id = *self.by_path.get(path)?;
+        match self.eps.get_mut(&id) {
+            Some(ep) if !ep.cut.is_broken() => return Some(id),
+            Some(ep) => {
+                let queued: Vec<Work> = ep.queue.drain(..).collect();
+                self.by_path.remove(path);
+                self.reap(id);
+                for w in queued {
+                    self.shared.dispatch(w);
                 }
-                None => {
-                    self.by_path.remove(&path);
+            }
+            None => {
+                self.by_path.remove(path);
+            }
+        }
+        None
+    }
+
+    /// Starts setting up the endpoint at `path` for `work`: on the setup thread, so that
+    /// this one keeps polling (a drain never waits on a peer's handshake).
+    fn start_setup(&mut self, path: String, work: Work) {
+        if let Err(e) = self.make_room() {
+            return self.retry(work, e);
+        }
+        let peer = work.peer.clone();
+        self.connecting.insert(path.clone(), vec![work]);
+        let req = setup::Request {
+            peer,
+            path: path.clone(),
+        };
+        let sent = match &self.setup_tx {
+            Some(tx) => tx.send(req).map_err(|e| e.into_inner()),
+            None => Err(req),
+        };
+        if let Err(req) = sent {
+            // No setup thread: set up here.
+            let result = setup::endpoint(&self.shared, self.idx, &req.peer, &req.path);
+            self.ready(path, result);
+        }
+    }
+
+    /// An endpoint setup ended: the work waiting for it goes on.
+    fn ready(&mut self, path: String, result: Result<Arc<EndpointCut>, TransferError>) {
+        let waiting = self.connecting.remove(&path).unwrap_or_default();
+        match result {
+            Ok(cut) => {
+                let id = self.next_ep;
+                self.next_ep += 1;
+                let carrier: Arc<dyn Abort> = cut.clone();
+                self.eps.insert(
+                    id,
+                    Endpoint {
+                        path: path.clone(),
+                        cut,
+                        carrier,
+                        outstanding: 0,
+                        queue: VecDeque::new(),
+                        next_qp: 0,
+                        last_batch: 0,
+                    },
+                );
+                self.by_path.insert(path, id);
+                for w in waiting {
+                    self.handle(w);
+                }
+            }
+            Err(e) => {
+                for w in waiting {
+                    self.retry(w, e.clone());
                 }
             }
         }
-        self.make_room()?;
-        let cut = self.setup(peer, &path)?;
-        let id = self.next_ep;
-        self.next_ep += 1;
-        let carrier: Arc<dyn Abort> = cut.clone();
-        self.eps.insert(
-            id,
-            Endpoint {
-                path: path.clone(),
-                cut,
-                carrier,
-                outstanding: 0,
-                queue: VecDeque::new(),
-                next_qp: 0,
-                last_batch: 0,
-            },
-        );
-        self.by_path.insert(path, id);
-        Ok(id)
     }
 
     /// Keeps the endpoints under `MC_MAX_EP_PER_CTX` by closing idle ones.
     fn make_room(&mut self) -> Result<(), TransferError> {
         let max = self.shared.params.max_ep_per_ctx.max(1);
-        if self.eps.len() < max {
+        let count = self.eps.len() + self.connecting.len();
+        if count < max {
             return Ok(());
         }
         let idle: Vec<u64> = self
@@ -369,7 +457,7 @@ impl Worker {
             .iter()
             .filter(|(_, e)| e.outstanding == 0 && e.queue.is_empty())
             .map(|(id, _)| *id)
-            .take(self.eps.len() + 1 - max)
+            .take(count + 1 - max)
             .collect();
         for id in idle {
             if let Some(ep) = self.eps.remove(&id) {
@@ -377,7 +465,7 @@ impl Worker {
                 ep.cut.abort();
             }
         }
-        if self.eps.len() >= max {
+        if self.eps.len() + self.connecting.len() >= max {
             return Err(TransferError::PeerUnreachable {
                 peer: "(any)".into(),
                 reason: format!(
@@ -386,79 +474,6 @@ impl Worker {
             });
         }
         Ok(())
-    }
-
-    /// New queue pairs towards `peer`'s device, connected through the handshake.
-    fn setup(&self, peer: &Peer, path: &str) -> Result<Arc<EndpointCut>, TransferError> {
-        let nic = self
-            .shared
-            .nics
-            .get(self.idx)
-            .ok_or(TransferError::Canceled("HCA index out of range"))?;
-        let unreachable = |reason: String| {
-            self.shared.mark_dead(&peer.segment, &reason);
-            TransferError::PeerUnreachable {
-                peer: path.to_string(),
-                reason,
-            }
-        };
-        let params = &self.shared.params;
-        let depth = u32::try_from(params.max_wr).unwrap_or(u32::MAX);
-        let mut qps = Vec::with_capacity(params.num_qp_per_ep);
-        for _ in 0..params.num_qp_per_ep.max(1) {
-            qps.push(
-                nic.create_qp(depth)
-                    .map_err(|e| unreachable(format!("cannot create a queue pair: {e}")))?,
-            );
-        }
-        let port = nic.port();
-        let request = ConnectMsg {
-            payload: String::new(),
-            local_nic_path: format!("{}@{}", self.shared.local_name, nic.name()),
-            local_lid: port.lid,
-            local_gid: format_gid(&port.gid),
-            peer_nic_path: path.to_string(),
-            qp_num: qps.iter().map(|q| q.qp_num()).collect(),
-            ready_ack: None,
-            reply_msg: String::new(),
-        };
-        let reply = self
-            .shared
-            .connector
-            .exchange(&peer.rpc, &request.encode())
-            .map_err(|e| unreachable(format!("endpoint handshake failed: {e}")))?;
-        let protocol = |reason: String| TransferError::Protocol {
-            peer: path.to_string(),
-            reason,
-        };
-        let reply = ConnectMsg::decode(&reply)
-            .map_err(|e| protocol(format!("bad endpoint handshake reply: {e}")))?;
-        if !reply.reply_msg.is_empty() {
-            return Err(unreachable(format!(
-                "the peer refused the endpoint: {}",
-                reply.reply_msg
-            )));
-        }
-        if reply.qp_num.len() != qps.len() {
-            return Err(protocol(format!(
-                "the peer answered with {} queue pairs for our {} (MC_NUM_QP_PER_EP must match)",
-                reply.qp_num.len(),
-                qps.len()
-            )));
-        }
-        let gid = reply.gid().map_err(|e| protocol(e.to_string()))?;
-        for (qp, &num) in qps.iter().zip(&reply.qp_num) {
-            qp.connect(&super::backend::RemoteQp {
-                qp_num: num,
-                lid: reply.local_lid,
-                gid,
-            })
-            .map_err(|e| unreachable(format!("cannot connect a queue pair: {e}")))?;
-        }
-        Ok(Arc::new(EndpointCut {
-            qps,
-            broken: AtomicBool::new(false),
-        }))
     }
 
     fn post(&mut self, ep_id: u64, work: Work) {
