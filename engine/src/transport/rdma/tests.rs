@@ -607,3 +607,28 @@ fn passive_endpoints_are_capped() {
     }
     assert_eq!(fabric.live_qps() - before, 3 * 2);
 }
+
+/// The transport's own cost per slice, the fake's work included (its lock, queues and a
+/// 64-byte copy): printed, and bounded loosely so that a tenfold regression fails. For the
+/// figure: `cargo test --release -p transfer-engine --lib cost_per_slice -- --nocapture`.
+#[test]
+fn cost_per_slice_over_the_fake() {
+    let params = RdmaParams {
+        slice_size: 64,
+        ..RdmaParams::default()
+    };
+    let (_fabric, _net, a, b) = pair(params);
+    let slices = (BUF / 64) as u64;
+    a.transfer(&b, OpCode::Write, 0, 4096).wait().unwrap();
+    let mut best = Duration::MAX;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        a.transfer(&b, OpCode::Write, 0, slices * 64)
+            .wait()
+            .unwrap();
+        best = best.min(t0.elapsed());
+    }
+    let per_slice = best / slices as u32;
+    println!("RDMA transport over the fake: {per_slice:?} per slice ({slices} slices of 64 B, best of 5)");
+    assert!(per_slice < Duration::from_micros(200), "{per_slice:?}");
+}
