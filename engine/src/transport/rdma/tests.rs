@@ -632,3 +632,21 @@ fn cost_per_slice_over_the_fake() {
     println!("RDMA transport over the fake: {per_slice:?} per slice ({slices} slices of 64 B, best of 5)");
     assert!(per_slice < Duration::from_micros(200), "{per_slice:?}");
 }
+
+#[test]
+fn dropping_the_transport_flushes_what_is_in_flight_and_fails_the_rest() {
+    let params = RdmaParams {
+        max_wr: 2,
+        num_qp_per_ep: 1,
+        ..RdmaParams::default()
+    };
+    let (fabric, _net, a, b) = pair(params);
+    fabric.stall("a0", true);
+    let batch = a.transfer(&b, OpCode::Write, 0, 10 * 65536);
+    assert_eq!(wait_in_flight(&fabric, "a0", 2), 2);
+    let Side { t, .. } = a;
+    drop(t);
+    assert_eq!(fabric.queued("a0"), 0, "flushed before the drop returned");
+    let err = batch.wait().unwrap_err();
+    assert!(matches!(err, TransferError::Canceled(_)), "{err}");
+}

@@ -166,6 +166,8 @@ pub(crate) struct Worker {
     connecting: HashMap<String, Vec<Work>>,
     setup_tx: Option<Sender<setup::Request>>,
     setup_thread: Option<JoinHandle<()>>,
+    /// Shutting down: no new work, no new endpoint.
+    stopping: bool,
     wcs: Vec<Completion>,
 }
 
@@ -198,6 +200,7 @@ impl Worker {
             connecting: HashMap::new(),
             setup_tx,
             setup_thread,
+            stopping: false,
             wcs: Vec::with_capacity(POLL_BATCH),
         }
     }
@@ -298,16 +301,17 @@ impl Worker {
                 w.fail(TransferError::Canceled("the engine shut down"));
             }
         }
-        // The setup thread ends after the handshake it may be in.
-        self.setup_tx = None;
-        if let Some(t) = self.setup_thread.take() {
-            let _ = t.join();
-        }
+        self.stopping = true;
         for ep in self.eps.values_mut() {
             ep.cut.abort();
             for w in ep.queue.drain(..) {
                 w.fail(TransferError::Canceled("the engine shut down"));
             }
+        }
+        // The setup thread ends after the handshake it may be in.
+        self.setup_tx = None;
+        if let Some(t) = self.setup_thread.take() {
+            let _ = t.join();
         }
         while let Ok(msg) = rx.try_recv() {
             if let Msg::Work(w) = msg {
@@ -340,6 +344,9 @@ impl Worker {
     }
 
     fn handle(&mut self, work: Work) {
+        if self.stopping {
+            return work.fail(TransferError::Canceled("the engine shut down"));
+        }
         if work.slice.batch.is_canceled() {
             return work.fail(TransferError::Canceled(
                 "its batch was canceled (deadline, interrupt or shutdown)",
@@ -735,6 +742,9 @@ impl Worker {
     }
 
     fn retry(&self, mut work: Work, err: TransferError) {
+        if self.stopping {
+            return work.fail(TransferError::Canceled("the engine shut down"));
+        }
         work.attempt += 1;
         work.last_error = Some(err);
         self.shared.dispatch(work);
