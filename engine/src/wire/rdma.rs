@@ -20,21 +20,28 @@ pub const MAX_REPLY_MSG: usize = 4096;
 /// A GID: 16 bytes.
 pub type Gid = [u8; 16];
 
-/// One side of the endpoint handshake, with upstream's field names.
+/// One side of the endpoint handshake, with upstream's field names. Missing fields read as
+/// empty, so that a refusal that carries only `reply_msg` is understood; the passive side
+/// then refuses a request with an empty path, GID or queue pair list by name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConnectMsg {
     /// Unused by RDMA (upstream sends `""`).
     #[serde(default)]
     pub payload: String,
     /// The sender's `<server>@<nic>`.
+    #[serde(default)]
     pub local_nic_path: String,
     /// The sender's port LID (0 on RoCE).
+    #[serde(default)]
     pub local_lid: u16,
     /// The sender's GID, `%02x` pairs joined by `:`.
+    #[serde(default)]
     pub local_gid: String,
     /// The `<server>@<nic>` the sender wants to reach.
+    #[serde(default)]
     pub peer_nic_path: String,
     /// The sender's queue pair numbers, in endpoint order.
+    #[serde(default)]
     pub qp_num: Vec<u32>,
     /// Newer upstreams' optional ready-ACK round trip (not used by us).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,6 +59,12 @@ impl ConnectMsg {
                 "connection message of {} bytes exceeds {MAX_CONNECT_JSON}",
                 json.len()
             )));
+        }
+        // serde would also read a struct from a JSON array, by position.
+        if !json.trim_start().starts_with('{') {
+            return Err(WireError::Json(
+                "a connection message is a JSON object".into(),
+            ));
         }
         let msg: Self = serde_json::from_str(json).map_err(|e| WireError::Json(e.to_string()))?;
         if msg.qp_num.len() > MAX_QPS {
@@ -153,6 +166,13 @@ mod tests {
             ("10.0.0.8:15002", "mlx5_1")
         );
         assert_eq!(ConnectMsg::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn a_bare_refusal_is_understood() {
+        let m = ConnectMsg::decode(r#"{"reply_msg":"QP count mismatch"}"#).unwrap();
+        assert_eq!(m.reply_msg, "QP count mismatch");
+        assert!(m.qp_num.is_empty() && m.local_nic_path.is_empty());
     }
 
     #[test]
