@@ -1,8 +1,12 @@
 //! The RDMA transport over real verbs calls, served by the soft NIC (a SOFTWARE stand-in
-//! for libibverbs.so.1, `engine/tests/soft_nic/`): two transports in one child process,
-//! each with its own contexts on the same soft HCAs, wired by an in-process connector
-//! that hands each endpoint request to the other's `handle_connection`. The bytes move
-//! through the soft NIC's `process_vm_writev` / `process_vm_readv` data path.
+//! for libibverbs.so.1, `engine/tests/soft_nic/`). The bytes move through the soft NIC's
+//! `process_vm_writev` / `process_vm_readv` data path.
+//!
+//! Two set-ups: two transports in one child process (each with its own contexts on the
+//! same soft HCAs) wired by an in-process connector that hands each endpoint request to
+//! the other's `handle_connection`; and two processes, a target serving its descriptor
+//! and endpoint requests on a real handshake listener, and an initiator started with
+//! `RdmaTransport::start` (the engine's handshake client).
 
 #![allow(
     clippy::unwrap_used,
@@ -30,6 +34,7 @@ use transfer_engine::wire::session::{HostPort, SegmentId};
 use transfer_engine::{HostBuffer, OpCode, TransferError};
 
 const CHILD: &str = "RDMA_SOFT_NIC_CHILD";
+const TARGET: &str = "RDMA_SOFT_NIC_TARGET";
 
 fn run_child(test: &str, hcas: &[&str], env: &[(&str, &str)]) -> String {
     let fabric = soft_nic::SoftFabric::new(hcas);
@@ -253,4 +258,248 @@ fn a_remote_access_error_on_every_path_fails_the_request() {
             ("RDMA_EXPECT", "rejected"),
         ],
     );
+}
+
+/// Seed of the bytes the target starts with.
+const TARGET_SEED: u8 = 42;
+
+/// Target process: serves a 4 MiB buffer (filled with `pattern(.., TARGET_SEED)`) over
+/// RDMA on every soft HCA, prints `READY <session>` and lives until killed.
+#[test]
+fn child_target() {
+    if std::env::var_os(TARGET).is_none() {
+        return;
+    }
+    use transfer_engine::metadata::handshake::HandshakeServer;
+    use transfer_engine::wire::handshake::MessageType;
+
+    let rpc = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    rpc.set_nonblocking(true).unwrap();
+    let session = format!("127.0.0.1:{}", rpc.local_addr().unwrap().port());
+    let hcas = soft_hcas();
+    let t = Arc::new(start(&session, &hcas));
+    let memory = MemoryRegistry::new();
+    let buf = HostBuffer::new(BUF);
+    buf.write_at(0, &pattern(BUF, TARGET_SEED)).unwrap();
+    let region = memory.register(buf.addr(), BUF as u64, "cpu:0").unwrap();
+    t.on_register(&region).unwrap();
+    let me = Side {
+        name: session.clone(),
+        t: t.clone(),
+        memory,
+        buf,
+        _region: region,
+    };
+    let desc = me.desc().encode();
+    let _server = HandshakeServer::start(
+        rpc,
+        1 << 20,
+        Arc::new(move |kind: MessageType, json: &str| match kind {
+            MessageType::Metadata => Some(desc.clone()),
+            MessageType::Connection => t.handle_connection(json),
+            _ => None,
+        }),
+    )
+    .unwrap();
+    println!("READY {session}");
+    // Lives until killed, or until the initiator goes away (its end of stdin closes).
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+}
+
+fn start(session: &str, hcas: &[String]) -> RdmaTransport {
+    let specs: Vec<HcaSpec> = hcas
+        .iter()
+        .map(|h| HcaSpec {
+            name: h.clone(),
+            port: 1,
+            gid_index: 1,
+        })
+        .collect();
+    let topology: Topology = [("cpu:0".to_string(), [hcas.to_vec(), Vec::new()])].into();
+    let config = transfer_engine::Config::default();
+    RdmaTransport::start(session, &specs, topology, RdmaParams::default(), &config).unwrap()
+}
+
+/// A target process and what the initiator knows of it.
+struct Target {
+    child: std::process::Child,
+    id: SegmentId,
+    desc: SegmentDesc,
+}
+
+fn spawn_target() -> Target {
+    use std::io::BufRead;
+    use transfer_engine::wire::handshake::MessageType;
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_target", "--nocapture", "--test-threads=1"])
+        .env(TARGET, "1")
+        .env_remove(CHILD)
+        .stdout(std::process::Stdio::piped())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(out).lines();
+    let session = loop {
+        let line = lines.next().expect("target exited").unwrap();
+        // The harness may print the test's name on the same line first.
+        if let Some(at) = line.find("READY ") {
+            break line[at + "READY ".len()..].trim().to_string();
+        }
+    };
+    let id = SegmentId::parse(&session, 12001).unwrap();
+    let config = transfer_engine::Config::default();
+    let json = transfer_engine::metadata::handshake::request(
+        id.rpc(),
+        MessageType::Metadata,
+        "{}",
+        &config,
+    )
+    .unwrap();
+    let desc = SegmentDesc::decode(&json).unwrap();
+    Target { child, id, desc }
+}
+
+/// Posts one request of `len` bytes at `off` (both sides) to the target.
+fn post_to(
+    me: &Side,
+    target: &Target,
+    op: OpCode,
+    off: u64,
+    remote_off: u64,
+    len: u64,
+) -> Arc<BatchState> {
+    let stripe = me.t.slice_size();
+    let batch = BatchState::new(&[len.div_ceil(stripe) as u32], Duration::from_secs(30));
+    let region = me.memory.find(me.buf.addr() + off, len);
+    let remote = target.desc.buffers[0].addr + remote_off;
+    let mut slices = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let n = stripe.min(len - at);
+        slices.push(Slice {
+            op,
+            local: me.buf.addr() + off + at,
+            remote: remote + at,
+            len: n,
+            local_device: None,
+            local_region: region.clone(),
+            batch: batch.clone(),
+            task: 0,
+            retries: 0,
+        });
+        at += n;
+    }
+    me.t.post(&target.id, &target.desc, slices).unwrap();
+    batch
+}
+
+fn initiator() -> Side {
+    let hcas = soft_hcas();
+    let t = Arc::new(start("127.0.0.1:1", &hcas));
+    let memory = MemoryRegistry::new();
+    let buf = HostBuffer::new(BUF);
+    let region = memory.register(buf.addr(), BUF as u64, "cpu:0").unwrap();
+    t.on_register(&region).unwrap();
+    Side {
+        name: "127.0.0.1:1".into(),
+        t,
+        memory,
+        buf,
+        _region: region,
+    }
+}
+
+/// Initiator process: reads the target's bytes, writes new ones and reads them back.
+#[test]
+fn child_two_processes() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let mut target = spawn_target();
+    let me = initiator();
+    let mib = 1 << 20;
+    post_to(&me, &target, OpCode::Read, 0, 0, mib)
+        .wait()
+        .unwrap();
+    assert_eq!(
+        me.buf.read_at(0, mib as usize).unwrap(),
+        pattern(BUF, TARGET_SEED)[..mib as usize]
+    );
+    let mine = pattern(mib as usize + 777, 3);
+    me.buf.write_at(mib as usize, &mine).unwrap();
+    let len = mine.len() as u64;
+    post_to(&me, &target, OpCode::Write, mib, 2 * mib, len)
+        .wait()
+        .unwrap();
+    post_to(
+        &me,
+        &target,
+        OpCode::Read,
+        3 * mib - 4096,
+        2 * mib,
+        len - 4096,
+    )
+    .wait()
+    .unwrap();
+    assert_eq!(
+        me.buf
+            .read_at(3 * mib as usize - 4096, len as usize - 4096)
+            .unwrap(),
+        mine[..len as usize - 4096]
+    );
+    target.child.kill().unwrap();
+    let _ = target.child.wait();
+    println!("CHILD OK");
+}
+
+/// Initiator process: the target is killed while a batch is in flight; the batch ends
+/// with an error (no hang), and a drain returns.
+#[test]
+fn child_peer_killed_mid_batch() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let mut target = spawn_target();
+    let me = initiator();
+    post_to(&me, &target, OpCode::Read, 0, 0, 4096)
+        .wait()
+        .unwrap();
+    let batches: Vec<_> = (0..64)
+        .map(|_| post_to(&me, &target, OpCode::Write, 0, 0, BUF as u64))
+        .collect();
+    target.child.kill().unwrap();
+    let _ = target.child.wait();
+    let failed = batches.iter().filter(|b| b.wait().is_err()).count();
+    assert!(
+        failed > 0,
+        "every batch completed although the peer was killed"
+    );
+    for b in &batches {
+        b.cancel_and_drain();
+    }
+    // Later requests fail at once with the reason.
+    let err = post_to(&me, &target, OpCode::Read, 0, 0, 4096)
+        .wait()
+        .unwrap_err();
+    println!("after the kill: {err}");
+    println!("CHILD OK");
+}
+
+#[test]
+fn two_processes_over_1_2_and_4_soft_hcas() {
+    for hcas in [
+        &["soft_0"][..],
+        &["soft_0", "soft_1"][..],
+        &["soft_0", "soft_1", "soft_2", "soft_3"][..],
+    ] {
+        run_child("child_two_processes", hcas, &[]);
+    }
+}
+
+#[test]
+fn a_peer_killed_mid_batch_fails_the_batch() {
+    let out = run_child("child_peer_killed_mid_batch", &["soft_0", "soft_1"], &[]);
+    assert!(out.contains("after the kill"), "{out}");
 }
