@@ -650,3 +650,27 @@ fn dropping_the_transport_flushes_what_is_in_flight_and_fails_the_rest() {
     let err = batch.wait().unwrap_err();
     assert!(matches!(err, TransferError::Canceled(_)), "{err}");
 }
+
+#[test]
+fn a_peer_that_refuses_handshakes_fails_every_slice_fast() {
+    let (_fabric, net, a, b) = pair(RdmaParams::default());
+    let desc = b.desc();
+    net.peers.lock().clear();
+    let t0 = Instant::now();
+    let err = a
+        .transfer_to(&b, &desc, OpCode::Write, 0, 0, 16 * 65536)
+        .wait()
+        .unwrap_err();
+    assert!(
+        matches!(err, TransferError::PeerUnreachable { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("connection refused"), "{err}");
+    let shakes = net.handshakes.load(Ordering::SeqCst);
+    assert!(
+        shakes <= 2,
+        "{shakes} handshakes for 16 slices to a refusing peer"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    assert!(a.t.unreachable(&b.id(), &desc).is_some());
+}

@@ -168,8 +168,15 @@ pub(crate) struct Worker {
     setup_thread: Option<JoinHandle<()>>,
     /// Shutting down: no new work, no new endpoint.
     stopping: bool,
+    /// Recently failed endpoint setups, by path.
+    failed_setups: HashMap<String, (Instant, TransferError)>,
     wcs: Vec<Completion>,
 }
+
+/// How long a failed endpoint setup fails new work on its path without a handshake.
+const FAILED_SETUP_HOLD: Duration = Duration::from_millis(500);
+/// Most failed setups remembered.
+const MAX_FAILED_SETUPS: usize = 4096;
 
 /// Completions taken per poll.
 const POLL_BATCH: usize = 64;
@@ -201,6 +208,7 @@ impl Worker {
             setup_tx,
             setup_thread,
             stopping: false,
+            failed_setups: HashMap::new(),
             wcs: Vec::with_capacity(POLL_BATCH),
         }
     }
@@ -399,6 +407,14 @@ impl Worker {
     /// Starts setting up the endpoint at `path` for `work`: on the setup thread, so that
     /// this one keeps polling (a drain never waits on a peer's handshake).
     fn start_setup(&mut self, path: String, work: Work) {
+        // A path whose setup just failed fails its work at once (the retry takes the
+        // next path) instead of a handshake per slice to a peer that is gone.
+        if let Some((at, err)) = self.failed_setups.get(&path) {
+            if at.elapsed() < FAILED_SETUP_HOLD {
+                let err = err.clone();
+                return self.retry(work, err);
+            }
+        }
         if let Err(e) = self.make_room() {
             return self.retry(work, e);
         }
@@ -445,6 +461,13 @@ impl Worker {
                 }
             }
             Err(e) => {
+                if self.failed_setups.len() >= MAX_FAILED_SETUPS {
+                    self.failed_setups
+                        .retain(|_, (at, _)| at.elapsed() < FAILED_SETUP_HOLD);
+                }
+                if self.failed_setups.len() < MAX_FAILED_SETUPS {
+                    self.failed_setups.insert(path, (Instant::now(), e.clone()));
+                }
                 for w in waiting {
                     self.retry(w, e.clone());
                 }
