@@ -178,8 +178,13 @@ impl SegmentDesc {
     }
 
     /// Whether the segment is served over TCP.
+    ///
+    /// An engine of ours serving RDMA and TCP says `"protocol": "rdma"` (upstream reads one
+    /// protocol) and keeps its TCP data port and host: such a descriptor is served over
+    /// TCP too. (Upstream writes `tcp_data_host` only from its TCP transport.)
     pub fn speaks_tcp(&self) -> bool {
-        self.protocol.iter().any(|p| p == "tcp") && self.tcp_data_port != 0
+        let has = |name: &str| self.protocol.iter().any(|p| p == name);
+        self.tcp_data_port != 0 && (has("tcp") || (has("rdma") && self.tcp_data_host.is_some()))
     }
 
     /// The buffer holding all of `[addr, addr+len)`, if any.
@@ -198,9 +203,13 @@ mod protocol_field {
         Many(Vec<String>),
     }
 
+    /// One protocol is a string, as upstream writes it. RDMA with TCP beside it is
+    /// written `"rdma"`: upstream builds read `protocol` as one string, and our peers find
+    /// the TCP transport by its data port (see `SegmentDesc::speaks_tcp`).
     pub(super) fn serialize<S: Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
         match v {
             [one] => s.serialize_str(one),
+            many if many.iter().any(|p| p == "rdma") => s.serialize_str("rdma"),
             many => s.collect_seq(many),
         }
     }
@@ -340,6 +349,20 @@ mod tests {
             !tcp.contains("rkey") && !tcp.contains("devices") && !tcp.contains("priority_matrix"),
             "{tcp}"
         );
+    }
+
+    #[test]
+    fn rdma_beside_tcp_is_written_as_rdma_and_keeps_tcp_reachable() {
+        let mut d = SegmentDesc::decode(UPSTREAM_RDMA).unwrap();
+        assert!(!d.speaks_tcp(), "upstream's RDMA descriptor offers no TCP");
+        d.protocol = vec!["rdma".into(), "tcp".into()];
+        d.tcp_data_port = 15555;
+        d.tcp_data_host = Some("10.0.0.7".into());
+        let text = d.encode();
+        assert!(text.contains(r#""protocol":"rdma""#), "{text}");
+        let back = SegmentDesc::decode(&text).unwrap();
+        assert!(back.speaks_rdma() && back.speaks_tcp());
+        assert_eq!(back.tcp_data_port, 15555);
     }
 
     #[test]

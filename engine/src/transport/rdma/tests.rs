@@ -91,9 +91,10 @@ impl Side {
     fn desc(&self) -> SegmentDesc {
         let mut d = SegmentDesc {
             name: self.name.clone(),
+            // As the TCP transport describes itself.
             protocol: vec!["tcp".into()],
             tcp_data_port: 1,
-            tcp_data_host: None,
+            tcp_data_host: Some("127.0.0.1".into()),
             tcp_proto_version: 2,
             timestamp: String::new(),
             buffers: self
@@ -512,7 +513,7 @@ fn descriptor_has_upstreams_rdma_form() {
         RdmaParams::default(),
     );
     let d = a.desc();
-    assert_eq!(d.protocol[0], "rdma");
+    assert_eq!(d.protocol, vec!["rdma"], "one string, as upstream reads it");
     assert!(d.speaks_rdma() && d.speaks_tcp(), "TCP fields kept");
     assert_eq!(d.devices.len(), 2);
     assert_eq!(d.devices[1].name, "x1");
