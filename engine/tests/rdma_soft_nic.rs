@@ -92,7 +92,7 @@ fn side(net: &Arc<InProcess>, name: &str, hcas: &[String]) -> Side {
             let spec = HcaSpec {
                 name: h.clone(),
                 port: 1,
-                gid_index: 1,
+                gid_index: gid_index(),
             };
             Arc::new(VerbsNic::open(&verbs, &spec, &params).unwrap()) as Arc<dyn Nic>
         })
@@ -163,6 +163,11 @@ impl Side {
     }
 }
 
+/// GID index: the soft NIC's RoCE v2 entry (1), or `MC_TEST_RDMA_GID_INDEX` on a real HCA.
+fn gid_index() -> u8 {
+    std::env::var("MC_TEST_RDMA_GID_INDEX").map_or(1, |v| v.parse().unwrap())
+}
+
 /// The soft HCAs of the child's fabric.
 fn soft_hcas() -> Vec<String> {
     let list = std::env::var("SOFTNIC_HCAS").unwrap();
@@ -181,10 +186,15 @@ fn child_moves_bytes() {
     if std::env::var_os(CHILD).is_none() {
         return;
     }
-    let hcas = soft_hcas();
+    moves_bytes(&soft_hcas());
+    println!("CHILD OK");
+}
+
+/// Two transports over `hcas` in this process: verified WRITE and READ.
+fn moves_bytes(hcas: &[String]) {
     let net = Arc::new(InProcess::default());
-    let a = side(&net, "127.0.0.1:2001", &hcas);
-    let b = side(&net, "127.0.0.1:2002", &hcas);
+    let a = side(&net, "127.0.0.1:2001", hcas);
+    let b = side(&net, "127.0.0.1:2002", hcas);
     let len = 3 * 65536 + 1000;
     let data = pattern(len, 5);
     a.buf.write_at(0, &data).unwrap();
@@ -194,7 +204,19 @@ fn child_moves_bytes() {
     b.buf.write_at(1 << 21, &back).unwrap();
     a.transfer(&b, OpCode::Read, 1 << 21, 1 << 20).unwrap();
     assert_eq!(a.buf.read_at(1 << 21, 1 << 20).unwrap(), back);
-    println!("CHILD OK");
+}
+
+/// Needs real RDMA hardware (and the system's libibverbs, or `MC_IBVERBS_PATH`):
+/// `MC_TEST_RDMA_HCA=mlx5_0[,mlx5_1] MC_TEST_RDMA_GID_INDEX=3 cargo test -p
+/// transfer-engine --test rdma_soft_nic -- --ignored real_hca`. Two transports in this
+/// process move verified bytes over the named HCAs (loopback through the port).
+#[test]
+#[ignore = "needs a real RDMA HCA: set MC_TEST_RDMA_HCA (and MC_TEST_RDMA_GID_INDEX)"]
+fn real_hca_loopback_moves_bytes() {
+    let list = std::env::var("MC_TEST_RDMA_HCA")
+        .expect("set MC_TEST_RDMA_HCA to the HCA(s) to test, e.g. mlx5_0");
+    let hcas: Vec<String> = list.split(',').map(str::to_string).collect();
+    moves_bytes(&hcas);
 }
 
 /// Child: the expected failure named by `RDMA_EXPECT` happens, or the transfer succeeds
@@ -312,7 +334,7 @@ fn start(session: &str, hcas: &[String]) -> RdmaTransport {
         .map(|h| HcaSpec {
             name: h.clone(),
             port: 1,
-            gid_index: 1,
+            gid_index: gid_index(),
         })
         .collect();
     let topology: Topology = [("cpu:0".to_string(), [hcas.to_vec(), Vec::new()])].into();
