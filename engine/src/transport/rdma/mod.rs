@@ -256,12 +256,16 @@ impl Shared {
     /// Sends `work` to the worker of its next path, or fails it once every attempt is
     /// spent.
     pub(crate) fn dispatch(&self, mut work: Work) {
-        if work.attempt > self.params.retry_cnt {
-            let err = work.last_error.take().unwrap_or(TransferError::PeerGone {
-                peer: work.peer.segment.clone(),
-                reason: "no path left".into(),
-            });
-            let attempts = work.attempt;
+        if work.route.attempt > self.params.retry_cnt {
+            let err = work
+                .route
+                .last_error
+                .take()
+                .unwrap_or(TransferError::PeerGone {
+                    peer: work.route.peer.segment.clone(),
+                    reason: "no path left".into(),
+                });
+            let attempts = work.route.attempt;
             return work.fail(exhausted(err, attempts));
         }
         let location = work
@@ -270,18 +274,24 @@ impl Shared {
             .as_ref()
             .map_or("*", |r| r.location.as_str());
         let local = self.local_choices.get(location).unwrap_or(&self.any_local);
-        let peer = work.peer.segment.clone();
-        let Some(remote) = work.peer.buffers.get(work.buffer).map(|b| &b.choice) else {
+        let peer = work.route.peer.segment.clone();
+        let Some(remote) = work
+            .route
+            .peer
+            .buffers
+            .get(work.route.buffer)
+            .map(|b| &b.choice)
+        else {
             return work.fail(TransferError::Protocol {
                 peer,
                 reason: "buffer index out of range".into(),
             });
         };
-        let Some((l, r)) = path::route(local, remote, work.rr, work.attempt) else {
+        let Some((l, r)) = path::route(local, remote, work.route.rr, work.route.attempt) else {
             let reason = "the peer's descriptor lists no RDMA device".to_string();
             return work.fail(TransferError::PeerUnreachable { peer, reason });
         };
-        work.remote_dev = r;
+        work.route.remote_dev = r;
         match self.workers.get(l) {
             Some(tx) => {
                 if let Err(e) = tx.send(Msg::Work(work)) {
@@ -672,7 +682,7 @@ impl Transport for RdmaTransport {
             if let Some(p) = pending.as_mut() {
                 if p.absorbs(&s, buffer, limit) {
                     p.slice.len += s.len;
-                    p.extra.push(s);
+                    p.route.extra.push(s);
                     continue;
                 }
             }

@@ -36,10 +36,16 @@ pub(crate) enum Msg {
     Stop,
 }
 
-/// A slice on its way, with the slices merged into it (a small tail) and its attempts.
+/// A slice on its way, with where it goes.
 pub(crate) struct Work {
     pub(crate) slice: Slice,
-    /// Slices whose bytes `slice` carries (completed with it).
+    pub(crate) route: Route,
+}
+
+/// Everything about a slice on its way but the slice itself (which is taken while it is
+/// in flight): the slices merged into it, its peer and its attempts.
+pub(crate) struct Route {
+    /// Slices whose bytes the slice carries (a small tail; completed with it).
     pub(crate) extra: Vec<Slice>,
     pub(crate) peer: Arc<Peer>,
     /// Index of the peer buffer holding the remote range.
@@ -55,8 +61,7 @@ pub(crate) struct Work {
 
 impl Work {
     pub(crate) fn new(slice: Slice, peer: Arc<Peer>, buffer: usize, rr: usize) -> Self {
-        Self {
-            slice,
+        let route = Route {
             extra: Vec::new(),
             peer,
             buffer,
@@ -64,7 +69,8 @@ impl Work {
             attempt: 0,
             remote_dev: 0,
             last_error: None,
-        }
+        };
+        Self { slice, route }
     }
 
     /// Whether `next` is the small tail of this slice's request (upstream merges it).
@@ -75,7 +81,7 @@ impl Work {
             _ => false,
         };
         next.len <= limit
-            && buffer == self.buffer
+            && buffer == self.route.buffer
             && same_region
             && Arc::ptr_eq(&s.batch, &next.batch)
             && s.task == next.task
@@ -87,7 +93,7 @@ impl Work {
 
     /// Fails the slice and the slices merged into it.
     pub(crate) fn fail(self, err: TransferError) {
-        for e in self.extra {
+        for e in self.route.extra {
             e.finish(Err(err.clone()));
         }
         self.slice.finish(Err(err));
@@ -139,12 +145,7 @@ struct Endpoint {
 /// A posted slice, until its completion.
 struct InFlight {
     held: Held,
-    extra: Vec<Slice>,
-    peer: Arc<Peer>,
-    buffer: usize,
-    rr: usize,
-    attempt: usize,
-    remote_dev: usize,
+    route: Route,
     ep: u64,
 }
 
@@ -364,7 +365,7 @@ impl Worker {
             self.waiting.push_back(work);
             return;
         }
-        let path = work.peer.nic_path(work.remote_dev);
+        let path = work.route.peer.nic_path(work.route.remote_dev);
         if let Some(waiting) = self.connecting.get_mut(&path) {
             waiting.push(work);
             return;
@@ -418,7 +419,7 @@ impl Worker {
         if let Err(e) = self.make_room() {
             return self.retry(work, e);
         }
-        let peer = work.peer.clone();
+        let peer = work.route.peer.clone();
         self.connecting.insert(path.clone(), vec![work]);
         let req = setup::Request {
             peer,
@@ -513,10 +514,11 @@ impl Worker {
             .as_ref()
             .and_then(|r| self.shared.lkey(r, self.idx));
         let rkey = work
+            .route
             .peer
             .buffers
-            .get(work.buffer)
-            .and_then(|b| b.rkeys.get(work.remote_dev))
+            .get(work.route.buffer)
+            .and_then(|b| b.rkeys.get(work.route.remote_dev))
             .copied();
         let (lkey, rkey, len) = match (lkey, rkey, u32::try_from(work.slice.len)) {
             (Some(l), Some(r), Ok(n)) => (l, r, n),
@@ -529,7 +531,7 @@ impl Worker {
                 });
             }
             _ => {
-                let peer = work.peer.segment.clone();
+                let peer = work.route.peer.segment.clone();
                 return work.fail(TransferError::Protocol {
                     peer,
                     reason: "its descriptor lacks a remote key for the device".into(),
@@ -539,33 +541,20 @@ impl Worker {
         let Some(ep) = self.eps.get_mut(&ep_id) else {
             return work.fail(TransferError::Canceled("endpoint vanished"));
         };
-        let Work {
-            slice,
-            extra,
-            peer,
-            buffer,
-            rr,
-            attempt,
-            remote_dev,
-            last_error,
-        } = work;
+        let Work { slice, route } = work;
         let Some(held) = slice.take(&ep.carrier, &mut ep.last_batch) else {
             // Finished by `take` (canceled batch or local buffer unregistered).
-            for e in extra {
+            for e in route.extra {
                 e.finish(Err(TransferError::Canceled(
                     "its batch was canceled or its local buffer unregistered",
                 )));
             }
             return;
         };
+        let last_error = route.last_error.clone();
         let inflight = InFlight {
             held,
-            extra,
-            peer,
-            buffer,
-            rr,
-            attempt,
-            remote_dev,
+            route,
             ep: ep_id,
         };
         let Some(qp) = ep.next_qp() else {
@@ -605,7 +594,7 @@ impl Worker {
                 if let Some(f) = self.remove(wr_id) {
                     let work = f.into_work(None);
                     let err = TransferError::PeerGone {
-                        peer: work.peer.nic_path(work.remote_dev),
+                        peer: work.route.peer.nic_path(work.route.remote_dev),
                         reason: format!("posting failed: {e}"),
                     };
                     self.retry(work, err);
@@ -657,13 +646,13 @@ impl Worker {
             ep.outstanding = ep.outstanding.saturating_sub(1);
         }
         if c.status == WcStatus::Success {
-            for e in f.extra {
+            for e in f.route.extra {
                 e.finish(Ok(()));
             }
             f.held.finish(Ok(()));
         } else {
             let s = f.held.slice();
-            let path = f.peer.nic_path(f.remote_dev);
+            let path = f.route.peer.nic_path(f.route.remote_dev);
             let err = match &c.status {
                 WcStatus::RemoteAccess => TransferError::AddressRejected {
                     peer: path.clone(),
@@ -768,8 +757,8 @@ impl Worker {
         if self.stopping {
             return work.fail(TransferError::Canceled("the engine shut down"));
         }
-        work.attempt += 1;
-        work.last_error = Some(err);
+        work.route.attempt += 1;
+        work.route.last_error = Some(err);
         self.shared.dispatch(work);
     }
 }
@@ -785,15 +774,11 @@ impl Endpoint {
 
 impl InFlight {
     fn into_work(self, last_error: Option<TransferError>) -> Work {
+        let mut route = self.route;
+        route.last_error = last_error;
         Work {
             slice: self.held.release(),
-            extra: self.extra,
-            peer: self.peer,
-            buffer: self.buffer,
-            rr: self.rr,
-            attempt: self.attempt,
-            remote_dev: self.remote_dev,
-            last_error,
+            route,
         }
     }
 }
