@@ -137,8 +137,23 @@ impl Side {
     }
 
     fn transfer(&self, peer: &Side, op: OpCode, off: u64, len: u64) -> Result<(), TransferError> {
+        let id = SegmentId::parse(&peer.name, 12001).unwrap();
+        let remote = peer.buf.addr() + off;
+        self.post(&id, &peer.desc(), op, off, remote, len).wait()
+    }
+
+    /// Cuts one request into slices as the engine does, and posts them.
+    fn post(
+        &self,
+        id: &SegmentId,
+        desc: &SegmentDesc,
+        op: OpCode,
+        off: u64,
+        remote: u64,
+        len: u64,
+    ) -> Arc<BatchState> {
         let stripe = self.t.slice_size();
-        let batch = BatchState::new(&[len.div_ceil(stripe) as u32], Duration::from_secs(20));
+        let batch = BatchState::new(&[len.div_ceil(stripe) as u32], Duration::from_secs(30));
         let region = self.memory.find(self.buf.addr() + off, len);
         let mut slices = Vec::new();
         let mut at = 0;
@@ -147,7 +162,7 @@ impl Side {
             slices.push(Slice {
                 op,
                 local: self.buf.addr() + off + at,
-                remote: peer.buf.addr() + off + at,
+                remote: remote + at,
                 len: n,
                 local_device: None,
                 local_region: region.clone(),
@@ -157,9 +172,8 @@ impl Side {
             });
             at += n;
         }
-        let id = SegmentId::parse(&peer.name, 12001).unwrap();
-        self.t.post(&id, &peer.desc(), slices).unwrap();
-        batch.wait()
+        self.t.post(id, desc, slices).unwrap();
+        batch
     }
 }
 
@@ -392,29 +406,8 @@ fn post_to(
     remote_off: u64,
     len: u64,
 ) -> Arc<BatchState> {
-    let stripe = me.t.slice_size();
-    let batch = BatchState::new(&[len.div_ceil(stripe) as u32], Duration::from_secs(30));
-    let region = me.memory.find(me.buf.addr() + off, len);
     let remote = target.desc.buffers[0].addr + remote_off;
-    let mut slices = Vec::new();
-    let mut at = 0;
-    while at < len {
-        let n = stripe.min(len - at);
-        slices.push(Slice {
-            op,
-            local: me.buf.addr() + off + at,
-            remote: remote + at,
-            len: n,
-            local_device: None,
-            local_region: region.clone(),
-            batch: batch.clone(),
-            task: 0,
-            retries: 0,
-        });
-        at += n;
-    }
-    me.t.post(&target.id, &target.desc, slices).unwrap();
-    batch
+    me.post(&target.id, &target.desc, op, off, remote, len)
 }
 
 fn initiator() -> Side {
