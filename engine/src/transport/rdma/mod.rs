@@ -2,16 +2,23 @@
 //! RDMA WRITE / READ of registered memory, upstream's descriptor form.
 //!
 //! Written against the [`backend`] traits; [`fake`] is an in-process fake fabric for
-//! tests. Per HCA one worker thread ([`worker`]) owns that HCA's endpoints (one per peer
+//! tests. Per HCA one worker thread (`worker`) owns that HCA's endpoints (one per peer
 //! NIC, `MC_NUM_QP_PER_EP` queue pairs each), posts work requests and polls the HCA's
-//! completion queue; a failed slice goes back to [`Shared::dispatch`], which picks the
-//! next path (another local HCA, then another remote one) up to `MC_RETRY_CNT` times.
+//! completion queue; its `setup` thread does the endpoint handshakes, so that polling
+//! never waits on a peer. A failed slice goes back to `Shared::dispatch`, which picks the
+//! next path (another local HCA, then another remote one) up to `MC_RETRY_CNT` times;
+//! the endpoint whose queue pair failed is rebuilt for later slices.
+//!
+//! Not done yet: device memory that `ibv_reg_mr` refuses (no peer-memory module) is not
+//! staged through host memory (registration fails with the reason); regions are not split
+//! at the device's `max_mr_size`; idle endpoints are closed only beyond
+//! `MC_MAX_EP_PER_CTX`; upstream's optional ready-ACK round trip is not offered.
 //!
 //! # Memory contract
 //!
 //! The NIC reads or writes a slice's local memory from the moment its work request is
 //! posted until its completion is polled. So the worker [`take`](Slice::take)s each slice
-//! with its endpoint's [`EndpointCut`](worker::EndpointCut) as carrier, and finishes or
+//! with its endpoint's `EndpointCut` as carrier, and finishes or
 //! releases it only when the completion is polled. Cutting (from
 //! `BatchState::cancel_and_drain`, or from `MemoryRegistry::unregister` for a pinned local
 //! region) moves the endpoint's queue pairs to ERROR: the HCA stops and completes every
