@@ -42,6 +42,17 @@ pub enum TransferError {
         /// What was wrong.
         reason: String,
     },
+    /// The local range is not inside one registered buffer, and the transport (RDMA)
+    /// moves only registered memory.
+    #[error("local range {addr:#x}+{len} is not inside one registered buffer: {protocol} moves only registered memory (register it with register_memory first)")]
+    LocalNotRegistered {
+        /// Local address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// The transport that needs it.
+        protocol: &'static str,
+    },
     /// The deadline passed before the request completed.
     #[error("timed out after {0:?}")]
     Timeout(Duration),

@@ -55,9 +55,14 @@ pub fn fnv(bytes: &[u8]) -> u64 {
 /// A page-aligned, zeroed heap buffer.
 pub use transfer_engine::HostBuffer as Buf;
 
-/// A local engine on loopback.
+/// A local engine on loopback, with the protocol `TE_TEST_PROTOCOL` names (default
+/// `tcp`) and the rest of its configuration from the environment.
 pub fn engine() -> TransferEngine {
-    TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).expect("engine starts")
+    let protocol = std::env::var("TE_TEST_PROTOCOL").unwrap_or_else(|_| "tcp".into());
+    let config = Config::from_env().expect("MC_* variables parse");
+    let request = transfer_engine::transport::TransportRequest::new(&protocol, "");
+    TransferEngine::with_transports("127.0.0.1", "P2PHANDSHAKE", config, &request)
+        .expect("engine starts")
 }
 
 /// The peer process: an engine whose region `[addr, addr+len)` holds

@@ -80,6 +80,7 @@ impl EngineError {
             Self::Transport(crate::transport::TransportError::Unusable { .. }) => -201,
             Self::Transport(crate::transport::TransportError::Io { .. }) => -102,
             Self::Transport(crate::transport::TransportError::Refused(_)) => -1,
+            Self::Transport(crate::transport::TransportError::Register { .. }) => -1,
             Self::Transfer { .. } => -1,
             Self::Metadata(crate::metadata::MetadataError::Handshake { .. }) => -104,
             Self::Metadata(crate::metadata::MetadataError::BadDescriptor { .. }) => -200,

@@ -180,7 +180,7 @@ impl TransferEngine {
             }
         };
         let memory = Arc::new(MemoryRegistry::new());
-        let transports = crate::transport::start(ip, &host, memory.clone(), &config, request)?;
+        let transports = crate::transport::start(ip, &host, &session_id, memory.clone(), &config, request)?;
         let notify_bytes = config.notify_queue_bytes;
         let inner = Arc::new(Inner {
             store,
@@ -418,8 +418,12 @@ impl Inner {
                     name: self.session_id.clone(),
                     addr,
                     length,
+                    rkey: Vec::new(),
+                    lkey: Vec::new(),
                 })
                 .collect(),
+            devices: Vec::new(),
+            priority_matrix: Default::default(),
         };
         for t in &self.transports {
             t.describe(&mut desc);

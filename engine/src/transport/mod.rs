@@ -9,6 +9,7 @@
 //! know when the memory is free again.
 
 pub mod select;
+pub mod rdma;
 pub mod tcp;
 
 use std::sync::Arc;
@@ -39,6 +40,18 @@ pub enum TransportError {
     /// required by `MC_FORCE_HCA` but unusable, a bad `MC_CUSTOM_TOPO_JSON`, ...).
     #[error("{0}")]
     Refused(String),
+    /// Memory could not be registered with the transport's devices.
+    #[error("cannot register {addr:#x}+{len} for {protocol}: {reason}")]
+    Register {
+        /// Start address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// The transport's protocol.
+        protocol: &'static str,
+        /// What failed and what to do.
+        reason: String,
+    },
     /// A listener, thread or socket could not be set up.
     #[error("{what}: {source}")]
     Io {
@@ -81,10 +94,12 @@ impl TransportRequest {
 
 /// Starts the transports `request` and this host call for ([`select`]), in the order
 /// the engine prefers them (TCP, always present, last): each listens on `ip` and serves
-/// `memory`; `host` is the name peers are told. Warnings are logged once per process.
+/// `memory`; `host` is the name peers are told and `session_id` our segment name.
+/// Warnings are logged once per process.
 pub fn start(
     ip: std::net::IpAddr,
     host: &str,
+    session_id: &str,
     memory: Arc<crate::memory::MemoryRegistry>,
     config: &crate::config::Config,
     request: &TransportRequest,
@@ -103,8 +118,20 @@ pub fn start(
         out.push(ipc_transport(memory.clone(), config).map_err(TransportError::Refused)?);
     }
     if let Some(rdma) = &plan.rdma {
-        let t = rdma_transport(rdma, ip, host, memory.clone(), config);
-        out.push(t.map_err(TransportError::Refused)?);
+        match rdma_transport(rdma, session_id, config) {
+            Ok(t) => out.push(t),
+            Err(why) if config.force_hca => {
+                return Err(TransportError::Refused(format!(
+                    "MC_FORCE_HCA=1 but the RDMA transport cannot start: {why}"
+                )))
+            }
+            Err(why) => {
+                let w = format!("falling back to TCP: the RDMA transport cannot start: {why}");
+                if crate::log_throttle::first_time(&w) {
+                    tracing::warn!("{w}");
+                }
+            }
+        }
     }
     out.push(Arc::new(tcp::TcpTransport::start(
         ip, host, memory, config,
@@ -159,15 +186,43 @@ fn verbs_probe() -> Result<Vec<String>, String> {
     Ok(devices.into_iter().map(|d| d.name).collect())
 }
 
-/// INTEGRATION POINT: starts the RDMA transport over `plan`'s HCAs.
+/// Starts the RDMA transport over `plan`'s HCAs; `session_id` is the `<server>` of our
+/// NIC paths.
 fn rdma_transport(
-    _plan: &select::RdmaPlan,
-    _ip: std::net::IpAddr,
-    _host: &str,
-    _memory: Arc<crate::memory::MemoryRegistry>,
-    _config: &crate::config::Config,
+    plan: &select::RdmaPlan,
+    session_id: &str,
+    config: &crate::config::Config,
 ) -> Result<Arc<dyn Transport>, String> {
-    Err("the RDMA transport is not built into this engine yet".into())
+    let hcas = plan
+        .hcas
+        .iter()
+        .map(|h| {
+            let narrow = |v: u32, what: &str| {
+                u8::try_from(v).map_err(|_| format!("{what} {v} of HCA {} is out of range", h.name))
+            };
+            Ok(rdma::verbs_backend::HcaSpec {
+                name: h.name.clone(),
+                port: narrow(h.port, "port")?,
+                gid_index: narrow(h.gid_index, "GID index")?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let params = rdma::RdmaParams {
+        slice_size: config.rdma_slice_size,
+        fragment_ratio: u64::from(config.fragment_ratio),
+        num_qp_per_ep: config.num_qp_per_ep as usize,
+        max_wr: config.max_wr as usize,
+        retry_cnt: config.retry_cnt as usize,
+        ib_port: u8::try_from(config.ib_port).map_err(|_| {
+            format!("MC_IB_PORT={} is out of range (1-255)", config.ib_port)
+        })?,
+        gid_index: config.gid_index,
+        mtu: config.mtu,
+        ..rdma::RdmaParams::default()
+    };
+    let t = rdma::RdmaTransport::start(session_id, &hcas, plan.matrix.clone(), params, config)
+        .map_err(|e| e.to_string())?;
+    Ok(Arc::new(t))
 }
 
 /// INTEGRATION POINT: starts the same-host GPU IPC transport (`nvlink_intra`, `musa`).

@@ -1,9 +1,18 @@
 //! The segment descriptor JSON (upstream `encodeSegmentDesc` /
 //! `decodeSegmentDesc`) and the small Notify / Probe bodies.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::WireError;
+
+/// Most RDMA devices a descriptor may list.
+pub const MAX_DEVICES: usize = 256;
+/// Most locations a priority matrix may list.
+pub const MAX_LOCATIONS: usize = 4096;
+/// Most HCA names one priority list may hold.
+pub const MAX_PRIORITY_NAMES: usize = 256;
 
 /// A peer's segment: where its data port is and which memory it exposes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +37,25 @@ pub struct SegmentDesc {
     /// Registered buffers.
     #[serde(default)]
     pub buffers: Vec<BufferDesc>,
+    /// RDMA devices (HCAs), in the order of each buffer's `rkey`/`lkey` arrays.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceDesc>,
+    /// RDMA: per location, `[preferred HCAs, available HCAs]` (upstream's topology JSON).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub priority_matrix: BTreeMap<String, [Vec<String>; 2]>,
+}
+
+/// One RDMA device of a segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceDesc {
+    /// HCA name (`mlx5_0`).
+    pub name: String,
+    /// Port LID (0 on RoCE).
+    #[serde(default)]
+    pub lid: u16,
+    /// GID, `%02x` pairs joined by `:`.
+    #[serde(default)]
+    pub gid: String,
 }
 
 fn v1() -> u32 {
@@ -43,6 +71,12 @@ pub struct BufferDesc {
     pub addr: u64,
     /// Length in bytes.
     pub length: u64,
+    /// RDMA remote keys, one per device of the segment (device order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rkey: Vec<u32>,
+    /// RDMA local keys, one per device (upstream publishes them; peers do not use them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lkey: Vec<u32>,
 }
 
 impl BufferDesc {
@@ -90,12 +124,67 @@ impl SegmentDesc {
                 )));
             }
         }
+        self.validate_rdma()
+    }
+
+    /// Bounds the RDMA fields: array lengths, and an `rkey` per device in every buffer of
+    /// an RDMA segment (upstream indexes `rkey` by device).
+    fn validate_rdma(&self) -> Result<(), WireError> {
+        let bad = |why: String| WireError::Invalid(format!("segment {:?}: {why}", self.name));
+        if self.devices.len() > MAX_DEVICES {
+            return Err(bad(format!(
+                "lists {} RDMA devices (at most {MAX_DEVICES})",
+                self.devices.len()
+            )));
+        }
+        if self.priority_matrix.len() > MAX_LOCATIONS {
+            return Err(bad(format!(
+                "priority_matrix lists {} locations (at most {MAX_LOCATIONS})",
+                self.priority_matrix.len()
+            )));
+        }
+        for (loc, lists) in &self.priority_matrix {
+            if lists.iter().any(|l| l.len() > MAX_PRIORITY_NAMES) {
+                return Err(bad(format!(
+                    "priority_matrix entry {loc:?} lists more than {MAX_PRIORITY_NAMES} HCAs"
+                )));
+            }
+        }
+        let rdma = self.protocol.iter().any(|p| p == "rdma");
+        for b in &self.buffers {
+            if (rdma || !b.rkey.is_empty()) && b.rkey.len() != self.devices.len() {
+                return Err(bad(format!(
+                    "buffer {:#x}+{} has {} rkeys for {} devices (one per device expected)",
+                    b.addr,
+                    b.length,
+                    b.rkey.len(),
+                    self.devices.len()
+                )));
+            }
+            if b.lkey.len() > MAX_DEVICES {
+                return Err(bad(format!(
+                    "buffer {:#x} has {} lkeys (at most {MAX_DEVICES})",
+                    b.addr,
+                    b.lkey.len()
+                )));
+            }
+        }
         Ok(())
     }
 
+    /// Whether the segment is served over RDMA (devices and keys published).
+    pub fn speaks_rdma(&self) -> bool {
+        self.protocol.iter().any(|p| p == "rdma") && !self.devices.is_empty()
+    }
+
     /// Whether the segment is served over TCP.
+    ///
+    /// An engine of ours serving RDMA and TCP says `"protocol": "rdma"` (upstream reads one
+    /// protocol) and keeps its TCP data port and host: such a descriptor is served over
+    /// TCP too. (Upstream writes `tcp_data_host` only from its TCP transport.)
     pub fn speaks_tcp(&self) -> bool {
-        self.protocol.iter().any(|p| p == "tcp") && self.tcp_data_port != 0
+        let has = |name: &str| self.protocol.iter().any(|p| p == name);
+        self.tcp_data_port != 0 && (has("tcp") || (has("rdma") && self.tcp_data_host.is_some()))
     }
 
     /// The buffer holding all of `[addr, addr+len)`, if any.
@@ -114,9 +203,13 @@ mod protocol_field {
         Many(Vec<String>),
     }
 
+    /// One protocol is a string, as upstream writes it. RDMA with TCP beside it is
+    /// written `"rdma"`: upstream builds read `protocol` as one string, and our peers find
+    /// the TCP transport by its data port (see `SegmentDesc::speaks_tcp`).
     pub(super) fn serialize<S: Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
         match v {
             [one] => s.serialize_str(one),
+            many if many.iter().any(|p| p == "rdma") => s.serialize_str("rdma"),
             many => s.collect_seq(many),
         }
     }
@@ -230,6 +323,64 @@ mod tests {
         )
         .unwrap();
         assert!(!d.speaks_tcp());
+    }
+
+    /// Upstream's RDMA form, written by hand in the order jsoncpp writes it (sorted keys).
+    const UPSTREAM_RDMA: &str = r#"{"buffers":[{"addr":140000000000,"length":1048576,"lkey":[11,21],"name":"cpu:0","rkey":[12,22]},{"addr":140100000000,"length":4096,"lkey":[13,23],"name":"musa:1","rkey":[14,24]}],"devices":[{"gid":"fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01","lid":0,"name":"mlx5_0"},{"gid":"00:00:00:00:00:00:00:00:00:00:ff:ff:0a:00:00:07","lid":3,"name":"mlx5_1"}],"name":"10.0.0.7:15001","priority_matrix":{"cpu:0":[["mlx5_0"],["mlx5_1"]],"musa:1":[["mlx5_1"],[]]},"protocol":"rdma","tcp_data_port":0,"timestamp":"2026-07-25 10:00:00.123456"}"#;
+
+    #[test]
+    fn decodes_and_round_trips_upstreams_rdma_form() {
+        let d = SegmentDesc::decode(UPSTREAM_RDMA).unwrap();
+        assert!(d.speaks_rdma());
+        assert!(!d.speaks_tcp());
+        assert_eq!(d.devices[1].name, "mlx5_1");
+        assert_eq!(d.devices[1].lid, 3);
+        assert_eq!(d.buffers[1].name, "musa:1");
+        assert_eq!(d.buffers[1].rkey, vec![14, 24]);
+        assert_eq!(
+            d.priority_matrix["cpu:0"],
+            [vec!["mlx5_0".to_string()], vec!["mlx5_1".to_string()]]
+        );
+        let text = d.encode();
+        assert_eq!(SegmentDesc::decode(&text).unwrap(), d);
+        // A TCP descriptor gains no RDMA fields.
+        let tcp = SegmentDesc::decode(UPSTREAM_TCP).unwrap().encode();
+        assert!(
+            !tcp.contains("rkey") && !tcp.contains("devices") && !tcp.contains("priority_matrix"),
+            "{tcp}"
+        );
+    }
+
+    #[test]
+    fn rdma_beside_tcp_is_written_as_rdma_and_keeps_tcp_reachable() {
+        let mut d = SegmentDesc::decode(UPSTREAM_RDMA).unwrap();
+        assert!(!d.speaks_tcp(), "upstream's RDMA descriptor offers no TCP");
+        d.protocol = vec!["rdma".into(), "tcp".into()];
+        d.tcp_data_port = 15555;
+        d.tcp_data_host = Some("10.0.0.7".into());
+        let text = d.encode();
+        assert!(text.contains(r#""protocol":"rdma""#), "{text}");
+        let back = SegmentDesc::decode(&text).unwrap();
+        assert!(back.speaks_rdma() && back.speaks_tcp());
+        assert_eq!(back.tcp_data_port, 15555);
+    }
+
+    #[test]
+    fn rdma_descriptors_with_wrong_key_counts_or_shapes_are_rejected() {
+        let one_rkey = UPSTREAM_RDMA.replace(r#""rkey":[14,24]"#, r#""rkey":[14]"#);
+        let e = SegmentDesc::decode(&one_rkey).unwrap_err().to_string();
+        assert!(e.contains("1 rkeys for 2 devices"), "{e}");
+        let no_rkey = UPSTREAM_RDMA.replace(r#","rkey":[14,24]"#, "");
+        assert!(SegmentDesc::decode(&no_rkey).is_err());
+        let three_lists = UPSTREAM_RDMA.replace(r#"[["mlx5_1"],[]]"#, r#"[["mlx5_1"],[],[]]"#);
+        assert!(SegmentDesc::decode(&three_lists).is_err());
+        let flat = UPSTREAM_RDMA.replace(r#"[["mlx5_1"],[]]"#, r#"["mlx5_1"]"#);
+        assert!(SegmentDesc::decode(&flat).is_err());
+        let names = vec![r#""x""#; MAX_PRIORITY_NAMES + 1].join(",");
+        let long = UPSTREAM_RDMA.replace(r#"[["mlx5_1"],[]]"#, &format!("[[{names}],[]]"));
+        assert!(SegmentDesc::decode(&long).is_err());
+        let negative_key = UPSTREAM_RDMA.replace(r#""rkey":[14,24]"#, r#""rkey":[-1,24]"#);
+        assert!(SegmentDesc::decode(&negative_key).is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod descriptor;
 pub mod handshake;
+pub mod rdma;
 pub mod session;
 pub mod tcp;
 

@@ -93,7 +93,11 @@ pub fn serve_descriptor(
             name: session.clone(),
             addr: remote,
             length: 1 << 30,
+            rkey: Vec::new(),
+            lkey: Vec::new(),
         }],
+        devices: Vec::new(),
+        priority_matrix: Default::default(),
     }
     .encode();
     let server = HandshakeServer::start(

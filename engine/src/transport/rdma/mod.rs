@@ -1,0 +1,773 @@
+//! RDMA as upstream speaks it: RC queue pairs set up through the type-0 handshake,
+//! RDMA WRITE / READ of registered memory, upstream's descriptor form.
+//!
+//! Written against the [`backend`] traits; [`fake`] is an in-process fake fabric for
+//! tests. Per HCA one worker thread (`worker`) owns that HCA's endpoints (one per peer
+//! NIC, `MC_NUM_QP_PER_EP` queue pairs each), posts work requests and polls the HCA's
+//! completion queue; its `setup` thread does the endpoint handshakes, so that polling
+//! never waits on a peer. A failed slice goes back to `Shared::dispatch`, which picks the
+//! next path (another local HCA, then another remote one) up to `MC_RETRY_CNT` times;
+//! the endpoint whose queue pair failed is rebuilt for later slices.
+//!
+//! Not done yet: device memory that `ibv_reg_mr` refuses (no peer-memory module) is not
+//! staged through host memory (registration fails with the reason); regions are not split
+//! at the device's `max_mr_size`; idle endpoints are closed only beyond
+//! `MC_MAX_EP_PER_CTX`; upstream's optional ready-ACK round trip is not offered.
+//!
+//! # Memory contract
+//!
+//! The NIC reads or writes a slice's local memory from the moment its work request is
+//! posted until its completion is polled. So the worker [`take`](Slice::take)s each slice
+//! with its endpoint's `EndpointCut` as carrier, and finishes or
+//! releases it only when the completion is polled. Cutting (from
+//! `BatchState::cancel_and_drain`, or from `MemoryRegistry::unregister` for a pinned local
+//! region) moves the endpoint's queue pairs to ERROR: the HCA stops and completes every
+//! outstanding request with a flush status, the worker polls those and lets go, and only
+//! then does the drain or the unregister return. The endpoint is rebuilt (new queue pairs,
+//! a new handshake) for later slices.
+//!
+//! On the target side a peer's NIC writes and reads our registered memory with no thread
+//! of ours involved. [`Transport::on_unregister`] deregisters the region's memory region
+//! on every HCA; `ibv_dereg_mr` returns only once the HCA no longer accesses the memory,
+//! and every later request with the old remote key fails at the peer with a remote access
+//! error. That is why unregistering is sound without any cooperation from peers.
+
+// Peer input is parsed here: an index out of range must be an error, never a panic.
+#![deny(clippy::indexing_slicing)]
+
+pub mod backend;
+pub mod fake;
+mod path;
+mod setup;
+pub mod verbs_backend;
+mod worker;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{unbounded, Sender};
+use parking_lot::{Mutex, RwLock};
+
+use super::{Slice, Transport, TransportError};
+use crate::config::Config;
+use crate::error::TransferError;
+use crate::memory::Region;
+use crate::wire::descriptor::{DeviceDesc, SegmentDesc};
+use crate::wire::rdma::{format_gid, parse_gid, split_nic_path, ConnectMsg};
+use crate::wire::session::{HostPort, SegmentId};
+use backend::{MrKeys, Nic, QueuePair, RemoteQp};
+use path::Choice;
+use worker::{Msg, Work};
+
+/// The protocol name in descriptors.
+pub const PROTOCOL: &str = "rdma";
+
+/// Upstream's topology JSON: per location, `[preferred HCAs, available HCAs]`.
+pub type Topology = BTreeMap<String, [Vec<String>; 2]>;
+
+/// RDMA settings, with upstream's variable names and defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaParams {
+    /// `MC_SLICE_SIZE`: bytes per work request (65536).
+    pub slice_size: u64,
+    /// `MC_FRAGMENT_RATIO`: a tail of at most `slice_size / ratio` rides with the slice
+    /// before it (4).
+    pub fragment_ratio: u64,
+    /// `MC_NUM_QP_PER_EP`: queue pairs per endpoint (2); both sides must agree.
+    pub num_qp_per_ep: usize,
+    /// `MC_MAX_WR`: send queue depth of each queue pair (256).
+    pub max_wr: usize,
+    /// `MC_RETRY_CNT`: times a failed slice is sent again on another path (9).
+    pub retry_cnt: usize,
+    /// `MC_IB_PORT`: HCA port (1).
+    pub ib_port: u8,
+    /// `MC_GID_INDEX`: GID index, or -1 to pick one (RoCE v2 first).
+    pub gid_index: i32,
+    /// `MC_MTU`: path MTU cap in bytes (4096).
+    pub mtu: u32,
+    /// `MC_MAX_EP_PER_CTX`: endpoints per HCA (65536), active and passive each.
+    pub max_ep_per_ctx: usize,
+    /// `MC_MAX_CQE_PER_CTX`: completion queue entries per HCA (4096), which also caps
+    /// the requests outstanding on one HCA.
+    pub max_cqe: usize,
+}
+
+impl Default for RdmaParams {
+    fn default() -> Self {
+        Self {
+            slice_size: 65536,
+            fragment_ratio: 4,
+            num_qp_per_ep: 2,
+            max_wr: 256,
+            retry_cnt: 9,
+            ib_port: 1,
+            gid_index: -1,
+            mtu: 4096,
+            max_ep_per_ctx: 65536,
+            max_cqe: 4096,
+        }
+    }
+}
+
+/// Sends a connection request (handshake type 0) to a peer's RPC address and returns
+/// the reply's JSON.
+pub trait Connector: Send + Sync {
+    /// One request and its reply; `Err` says why there is no reply.
+    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, String>;
+}
+
+/// The engine's handshake client.
+#[derive(Debug)]
+pub struct HandshakeConnector {
+    config: Config,
+}
+
+impl HandshakeConnector {
+    /// A connector with the engine's handshake settings and bounds.
+    pub fn new(config: &Config) -> Self {
+        Self {
+            config: config.clone(),
+        }
+    }
+}
+
+impl Connector for HandshakeConnector {
+    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, String> {
+        crate::metadata::handshake::request(
+            peer,
+            crate::wire::handshake::MessageType::Connection,
+            json,
+            &self.config,
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// The memory registrations of one region, one per HCA (device order).
+#[derive(Debug)]
+struct RegionKeys {
+    len: u64,
+    location: String,
+    keys: Vec<MrKeys>,
+}
+
+/// A peer's RDMA device (its port's LID and GID come with the handshake reply).
+#[derive(Debug)]
+pub(crate) struct PeerDevice {
+    name: String,
+}
+
+/// A peer's registered buffer: its range, remote keys (device order) and the
+/// candidate devices for its location.
+#[derive(Debug)]
+pub(crate) struct PeerBuffer {
+    addr: u64,
+    len: u64,
+    rkeys: Vec<u32>,
+    choice: Choice,
+}
+
+/// What the transport needs of a peer's descriptor, checked once.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    segment: String,
+    rpc: HostPort,
+    devices: Vec<PeerDevice>,
+    buffers: Vec<PeerBuffer>,
+}
+
+impl Peer {
+    fn from_desc(segment: &SegmentId, desc: &SegmentDesc) -> Result<Self, String> {
+        if !desc.speaks_rdma() {
+            return Err(format!(
+                "its descriptor offers {:?} and no RDMA devices",
+                desc.protocol
+            ));
+        }
+        let mut devices = Vec::with_capacity(desc.devices.len());
+        for d in &desc.devices {
+            parse_gid(&d.gid).map_err(|e| format!("device {:?}: {e}", d.name))?;
+            devices.push(PeerDevice {
+                name: d.name.clone(),
+            });
+        }
+        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        let buffers = desc
+            .buffers
+            .iter()
+            .map(|b| PeerBuffer {
+                addr: b.addr,
+                len: b.length,
+                rkeys: b.rkey.clone(),
+                choice: Choice::new(&desc.priority_matrix, &b.name, &names),
+            })
+            .collect();
+        Ok(Self {
+            segment: segment.name().to_string(),
+            rpc: segment.rpc().clone(),
+            devices,
+            buffers,
+        })
+    }
+
+    /// The buffer holding all of `[addr, addr+len)`.
+    fn buffer(&self, addr: u64, len: u64) -> Option<usize> {
+        let end = addr.checked_add(len)?;
+        self.buffers
+            .iter()
+            .position(|b| addr >= b.addr && end <= b.addr + b.len)
+    }
+
+    fn nic_path(&self, device: usize) -> String {
+        let name = self.devices.get(device).map_or("?", |d| d.name.as_str());
+        format!("{}@{name}", self.segment)
+    }
+}
+
+/// Queue pairs of the endpoints peers set up towards us, per HCA, oldest first.
+#[derive(Default)]
+struct Passive {
+    endpoints: HashMap<(usize, String), Vec<Arc<dyn QueuePair>>>,
+    order: VecDeque<(usize, String)>,
+}
+
+/// What the transport's threads share.
+pub(crate) struct Shared {
+    local_name: String,
+    nics: Vec<Arc<dyn Nic>>,
+    params: RdmaParams,
+    topology: Topology,
+    /// Candidate local HCAs per location (and for unknown locations).
+    local_choices: HashMap<String, Choice>,
+    any_local: Choice,
+    regions: RwLock<BTreeMap<u64, RegionKeys>>,
+    connector: Arc<dyn Connector>,
+    passive: Mutex<Passive>,
+    workers: Vec<Sender<Msg>>,
+    rr: AtomicUsize,
+    /// Last handshake failure per segment, so the engine can look the peer up again.
+    dead: Mutex<HashMap<String, (Instant, String)>>,
+}
+
+/// How long a failed handshake is reported by [`Transport::unreachable`].
+const DEAD_PEER_HOLD: Duration = Duration::from_millis(500);
+
+impl Shared {
+    fn nic_names(&self) -> Vec<&str> {
+        self.nics.iter().map(|n| n.name()).collect()
+    }
+
+    /// Sends `work` to the worker of its next path, or fails it once every attempt is
+    /// spent.
+    pub(crate) fn dispatch(&self, mut work: Work) {
+        if work.route.attempt > self.params.retry_cnt {
+            let err = work
+                .route
+                .last_error
+                .take()
+                .unwrap_or(TransferError::PeerGone {
+                    peer: work.route.peer.segment.clone(),
+                    reason: "no path left".into(),
+                });
+            let attempts = work.route.attempt;
+            return work.fail(exhausted(err, attempts));
+        }
+        let location = work
+            .slice
+            .local_region
+            .as_ref()
+            .map_or("*", |r| r.location.as_str());
+        let local = self.local_choices.get(location).unwrap_or(&self.any_local);
+        let peer = work.route.peer.segment.clone();
+        let Some(remote) = work
+            .route
+            .peer
+            .buffers
+            .get(work.route.buffer)
+            .map(|b| &b.choice)
+        else {
+            return work.fail(TransferError::Protocol {
+                peer,
+                reason: "buffer index out of range".into(),
+            });
+        };
+        let Some((l, r)) = path::route(local, remote, work.route.rr, work.route.attempt) else {
+            let reason = "the peer's descriptor lists no RDMA device".to_string();
+            return work.fail(TransferError::PeerUnreachable { peer, reason });
+        };
+        work.route.remote_dev = r;
+        match self.workers.get(l) {
+            Some(tx) => {
+                if let Err(e) = tx.send(Msg::Work(work)) {
+                    if let Msg::Work(w) = e.into_inner() {
+                        w.fail(TransferError::Canceled("the RDMA transport shut down"));
+                    }
+                }
+            }
+            None => work.fail(TransferError::Canceled("the RDMA transport has no HCA")),
+        }
+    }
+
+    fn lkey(&self, region: &Region, nic: usize) -> Option<u32> {
+        let regions = self.regions.read();
+        let r = regions.get(&region.addr)?;
+        r.keys.get(nic).map(|k| k.lkey)
+    }
+
+    fn mark_dead(&self, segment: &str, why: &str) {
+        let mut dead = self.dead.lock();
+        if dead.len() > 4096 {
+            dead.retain(|_, (at, _)| at.elapsed() < DEAD_PEER_HOLD);
+        }
+        dead.insert(segment.to_string(), (Instant::now(), why.to_string()));
+    }
+
+    /// The passive side of the endpoint handshake: checks the request, creates and
+    /// connects our queue pairs, and answers with them (or a `reply_msg` refusal).
+    fn accept(&self, json: &str) -> String {
+        match self.try_accept(json) {
+            Ok(reply) => reply.encode(),
+            Err(why) => {
+                tracing::warn!("RDMA connection request refused: {why}");
+                ConnectMsg {
+                    payload: String::new(),
+                    local_nic_path: String::new(),
+                    local_lid: 0,
+                    local_gid: String::new(),
+                    peer_nic_path: String::new(),
+                    qp_num: Vec::new(),
+                    ready_ack: None,
+                    reply_msg: why,
+                }
+                .encode()
+            }
+        }
+    }
+
+    fn try_accept(&self, json: &str) -> Result<ConnectMsg, String> {
+        let msg = ConnectMsg::decode(json).map_err(|e| format!("malformed request: {e}"))?;
+        split_nic_path(&msg.local_nic_path).map_err(|e| e.to_string())?;
+        let (_, nic_name) = split_nic_path(&msg.peer_nic_path).map_err(|e| e.to_string())?;
+        let idx = self
+            .nics
+            .iter()
+            .position(|n| n.name() == nic_name)
+            .ok_or_else(|| {
+                format!(
+                    "no HCA {nic_name:?} in this engine (it uses {:?})",
+                    self.nic_names()
+                )
+            })?;
+        let want = self.params.num_qp_per_ep;
+        if msg.qp_num.len() != want {
+            return Err(format!(
+                "queue pair count mismatch: the request has {}, this engine uses {want} \
+                 (MC_NUM_QP_PER_EP must be the same on both sides; check MC_MAX_EP_PER_CTX)",
+                msg.qp_num.len()
+            ));
+        }
+        let gid = msg.gid().map_err(|e| e.to_string())?;
+        let nic = self.nics.get(idx).ok_or("HCA index out of range")?;
+        let qps = connect_qps(nic.as_ref(), &self.params, &msg.qp_num, msg.local_lid, gid)?;
+        let port = nic.port();
+        let reply = ConnectMsg {
+            payload: String::new(),
+            local_nic_path: format!("{}@{}", self.local_name, nic.name()),
+            local_lid: port.lid,
+            local_gid: format_gid(&port.gid),
+            peer_nic_path: msg.local_nic_path.clone(),
+            qp_num: qps.iter().map(|q| q.qp_num()).collect(),
+            ready_ack: None,
+            reply_msg: String::new(),
+        };
+        let key = (idx, msg.local_nic_path);
+        let mut passive = self.passive.lock();
+        // A peer that rebuilt its endpoint replaces the old one; the oldest go first
+        // beyond the cap (their peers see errors and set up again).
+        if passive.endpoints.insert(key.clone(), qps).is_none() {
+            passive.order.push_back(key);
+        }
+        while passive.endpoints.len() > self.params.max_ep_per_ctx.max(1) {
+            let Some(old) = passive.order.pop_front() else {
+                break;
+            };
+            if let Some(qps) = passive.endpoints.remove(&old) {
+                qps.iter().for_each(|q| q.to_error());
+            }
+        }
+        Ok(reply)
+    }
+}
+
+/// Creates one queue pair per remote number and connects each to it.
+fn connect_qps(
+    nic: &dyn Nic,
+    params: &RdmaParams,
+    remote: &[u32],
+    lid: u16,
+    gid: backend::Gid,
+) -> Result<Vec<Arc<dyn QueuePair>>, String> {
+    let depth = u32::try_from(params.max_wr).unwrap_or(u32::MAX);
+    let mut qps = Vec::with_capacity(remote.len());
+    for &qp_num in remote {
+        let qp = nic
+            .create_qp(depth)
+            .map_err(|e| format!("cannot create a queue pair on {}: {e}", nic.name()))?;
+        qp.connect(&RemoteQp { qp_num, lid, gid })
+            .map_err(|e| format!("cannot connect a queue pair on {}: {e}", nic.name()))?;
+        qps.push(qp);
+    }
+    Ok(qps)
+}
+
+/// The error a slice fails with once every attempt is spent.
+fn exhausted(err: TransferError, attempts: usize) -> TransferError {
+    match err {
+        TransferError::PeerGone { peer, reason } => TransferError::PeerGone {
+            peer,
+            reason: format!("{reason} (after {attempts} attempts over every path; MC_RETRY_CNT)"),
+        },
+        TransferError::PeerUnreachable { peer, reason } => TransferError::PeerUnreachable {
+            peer,
+            reason: format!("{reason} (after {attempts} attempts over every path; MC_RETRY_CNT)"),
+        },
+        other => other,
+    }
+}
+
+/// The RDMA transport.
+pub struct RdmaTransport {
+    shared: Arc<Shared>,
+    /// Peers' descriptors as last checked, by segment name.
+    peers: Mutex<HashMap<String, (SegmentDesc, Arc<Peer>)>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RdmaTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaTransport")
+            .field("local_name", &self.shared.local_name)
+            .field("nics", &self.shared.nic_names())
+            .finish()
+    }
+}
+
+/// Most peers whose checked descriptors are kept.
+const MAX_PEERS: usize = 4096;
+
+impl RdmaTransport {
+    /// Starts the transport over the HCAs `hcas` (opened through the verbs library that
+    /// `MC_IBVERBS_PATH` names, or `libibverbs.so.1`), in that device order.
+    /// `local_name` is this engine's server name (the `<server>` of its NIC paths; the
+    /// session id in P2P mode), `topology` the location → `[preferred, available]` HCA
+    /// map (upstream's topology JSON), `params` the `MC_*` RDMA settings; endpoint
+    /// handshakes go through the engine's handshake client with `config`'s bounds.
+    pub fn start(
+        local_name: &str,
+        hcas: &[verbs_backend::HcaSpec],
+        topology: Topology,
+        params: RdmaParams,
+        config: &Config,
+    ) -> Result<Self, TransportError> {
+        let unusable = |reason: String| TransportError::Unusable {
+            segment: local_name.to_string(),
+            protocol: PROTOCOL,
+            reason,
+        };
+        let verbs = crate::verbs::shared().map_err(|e| unusable(e.to_string()))?;
+        let mut nics: Vec<Arc<dyn Nic>> = Vec::with_capacity(hcas.len());
+        for hca in hcas {
+            let nic = verbs_backend::VerbsNic::open(&verbs, hca, &params).map_err(unusable)?;
+            nics.push(Arc::new(nic));
+        }
+        let connector = Arc::new(HandshakeConnector::new(config));
+        Self::with_nics(local_name, nics, topology, params, connector)
+    }
+
+    /// Starts the transport over `nics` (in device order: the order of every buffer's
+    /// keys in our descriptor). `local_name` is this engine's server name (the
+    /// `<server>` of our NIC paths), `topology` the local location → `[preferred,
+    /// available]` HCA map, `connector` how handshakes reach peers.
+    pub fn with_nics(
+        local_name: &str,
+        nics: Vec<Arc<dyn Nic>>,
+        topology: Topology,
+        params: RdmaParams,
+        connector: Arc<dyn Connector>,
+    ) -> Result<Self, TransportError> {
+        if nics.is_empty() {
+            return Err(TransportError::Unusable {
+                segment: local_name.to_string(),
+                protocol: PROTOCOL,
+                reason: "no HCA to use".into(),
+            });
+        }
+        let names: Vec<&str> = nics.iter().map(|n| n.name()).collect();
+        let local_choices = topology
+            .keys()
+            .map(|loc| (loc.clone(), Choice::new(&topology, loc, &names)))
+            .collect();
+        let any_local = Choice::new(&Topology::new(), "*", &names);
+        let mut senders = Vec::new();
+        let mut receivers = Vec::new();
+        for _ in &nics {
+            let (tx, rx) = unbounded();
+            senders.push(tx);
+            receivers.push(rx);
+        }
+        let shared = Arc::new(Shared {
+            local_name: local_name.to_string(),
+            nics,
+            params,
+            topology,
+            local_choices,
+            any_local,
+            regions: RwLock::new(BTreeMap::new()),
+            connector,
+            passive: Mutex::new(Passive::default()),
+            workers: senders,
+            rr: AtomicUsize::new(0),
+            dead: Mutex::new(HashMap::new()),
+        });
+        let mut threads = Vec::new();
+        for (i, rx) in receivers.into_iter().enumerate() {
+            let s = shared.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("te-rdma-{i}"))
+                .spawn(move || worker::Worker::new(s, i).run(rx));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(source) => {
+                    stop(&shared, threads);
+                    return Err(TransportError::Io {
+                        what: "cannot start an RDMA worker thread".into(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(Self {
+            shared,
+            peers: Mutex::new(HashMap::new()),
+            threads,
+        })
+    }
+
+    /// The HCA names, in device order.
+    pub fn nic_names(&self) -> Vec<String> {
+        self.shared
+            .nic_names()
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn peer(&self, segment: &SegmentId, desc: &SegmentDesc) -> Result<Arc<Peer>, TransportError> {
+        let mut peers = self.peers.lock();
+        if let Some((known, peer)) = peers.get(segment.name()) {
+            if known == desc {
+                return Ok(peer.clone());
+            }
+        }
+        let peer = Arc::new(Peer::from_desc(segment, desc).map_err(|reason| {
+            TransportError::Unusable {
+                segment: segment.to_string(),
+                protocol: PROTOCOL,
+                reason,
+            }
+        })?);
+        if peers.len() >= MAX_PEERS {
+            peers.clear();
+        }
+        peers.insert(segment.name().to_string(), (desc.clone(), peer.clone()));
+        Ok(peer)
+    }
+}
+
+fn stop(shared: &Shared, threads: Vec<JoinHandle<()>>) {
+    for tx in &shared.workers {
+        let _ = tx.send(Msg::Stop);
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
+impl Drop for RdmaTransport {
+    fn drop(&mut self) {
+        stop(&self.shared, std::mem::take(&mut self.threads));
+        self.shared.passive.lock().endpoints.clear();
+        let regions = std::mem::take(&mut *self.shared.regions.write());
+        for r in regions.values() {
+            for (nic, keys) in self.shared.nics.iter().zip(&r.keys) {
+                nic.deregister(*keys);
+            }
+        }
+    }
+}
+
+impl Transport for RdmaTransport {
+    fn protocol(&self) -> &'static str {
+        PROTOCOL
+    }
+
+    fn describe(&self, desc: &mut SegmentDesc) {
+        if !desc.protocol.iter().any(|p| p == PROTOCOL) {
+            desc.protocol.insert(0, PROTOCOL.into());
+        }
+        desc.devices = self
+            .shared
+            .nics
+            .iter()
+            .map(|n| {
+                let port = n.port();
+                DeviceDesc {
+                    name: n.name().to_string(),
+                    lid: port.lid,
+                    gid: format_gid(&port.gid),
+                }
+            })
+            .collect();
+        desc.priority_matrix = self.shared.topology.clone();
+        let regions = self.shared.regions.read();
+        for b in &mut desc.buffers {
+            if let Some(r) = regions.get(&b.addr).filter(|r| r.len == b.length) {
+                b.name = r.location.clone();
+                b.rkey = r.keys.iter().map(|k| k.rkey).collect();
+                b.lkey = r.keys.iter().map(|k| k.lkey).collect();
+            }
+        }
+    }
+
+    fn reaches(&self, peer: &SegmentDesc) -> bool {
+        peer.speaks_rdma()
+    }
+
+    fn unreachable(&self, segment: &SegmentId, _peer: &SegmentDesc) -> Option<String> {
+        let dead = self.shared.dead.lock();
+        dead.get(segment.name())
+            .filter(|(at, _)| at.elapsed() < DEAD_PEER_HOLD)
+            .map(|(_, why)| why.clone())
+    }
+
+    fn slice_size(&self) -> u64 {
+        self.shared.params.slice_size.max(1)
+    }
+
+    fn post(
+        &self,
+        segment: &SegmentId,
+        peer: &SegmentDesc,
+        slices: Vec<Slice>,
+    ) -> Result<(), TransportError> {
+        let peer = self.peer(segment, peer)?;
+        let shared = &self.shared;
+        let limit = path::fragment_limit(self.slice_size(), shared.params.fragment_ratio);
+        let mut pending: Option<Work> = None;
+        for s in slices {
+            if s.local_region.is_none() {
+                let (addr, len) = (s.local, s.len);
+                s.finish(Err(TransferError::LocalNotRegistered {
+                    addr,
+                    len,
+                    protocol: PROTOCOL,
+                }));
+                continue;
+            }
+            let Some(buffer) = peer.buffer(s.remote, s.len) else {
+                let (addr, len) = (s.remote, s.len);
+                s.finish(Err(TransferError::AddressRejected {
+                    peer: segment.to_string(),
+                    addr,
+                    len,
+                }));
+                continue;
+            };
+            if let Some(p) = pending.as_mut() {
+                if p.absorbs(&s, buffer, limit) {
+                    p.slice.len += s.len;
+                    p.route.extra.push(s);
+                    continue;
+                }
+            }
+            let rr = shared.rr.fetch_add(1, Ordering::Relaxed);
+            let work = Work::new(s, peer.clone(), buffer, rr);
+            if let Some(done) = pending.replace(work) {
+                shared.dispatch(done);
+            }
+        }
+        if let Some(done) = pending {
+            shared.dispatch(done);
+        }
+        Ok(())
+    }
+
+    fn on_register(&self, region: &Arc<Region>) -> Result<(), TransportError> {
+        let mut keys = Vec::with_capacity(self.shared.nics.len());
+        for nic in &self.shared.nics {
+            // SAFETY: the registrant vouched that the region stays mapped until it is
+            // unregistered; `on_unregister` (after which nothing of ours touches it)
+            // deregisters before the engine hands the memory back.
+            match unsafe { nic.register(region.addr, region.len) } {
+                Ok(k) => keys.push(k),
+                Err(e) => {
+                    for (n, k) in self.shared.nics.iter().zip(&keys) {
+                        n.deregister(*k);
+                    }
+                    let reason = match region.device {
+                        Some((vendor, _)) => format!(
+                            "ibv_reg_mr on the {} device address failed on {}: {e}; the \
+                             peer-memory kernel module ({}) is probably not loaded",
+                            vendor.prefix(),
+                            nic.name(),
+                            match vendor {
+                                crate::device::Vendor::Musa => "mthreads-peermem",
+                                crate::device::Vendor::Cuda => "nvidia-peermem",
+                            }
+                        ),
+                        None => format!(
+                            "ibv_reg_mr failed on {}: {e} (check the memlock limit, ulimit -l)",
+                            nic.name()
+                        ),
+                    };
+                    return Err(TransportError::Register {
+                        addr: region.addr,
+                        len: region.len,
+                        protocol: PROTOCOL,
+                        reason,
+                    });
+                }
+            }
+        }
+        self.shared.regions.write().insert(
+            region.addr,
+            RegionKeys {
+                len: region.len,
+                location: region.location.clone(),
+                keys,
+            },
+        );
+        Ok(())
+    }
+
+    fn on_unregister(&self, region: &Arc<Region>) {
+        // The region is retired: our slices on it were flushed or completed before its
+        // pins dropped. Deregistering stops peers' NICs (see the module doc).
+        let removed = self.shared.regions.write().remove(&region.addr);
+        if let Some(r) = removed {
+            for (nic, keys) in self.shared.nics.iter().zip(&r.keys) {
+                nic.deregister(*keys);
+            }
+        }
+    }
+
+    fn handle_connection(&self, json: &str) -> Option<String> {
+        Some(self.shared.accept(json))
+    }
+}
+
+#[cfg(test)]
+mod tests;
