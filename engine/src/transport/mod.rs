@@ -8,6 +8,7 @@
 //! it, so that a canceled batch or an unregistered region can cut that connection and
 //! know when the memory is free again.
 
+pub mod ipc;
 pub mod tcp;
 
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use thiserror::Error;
 use crate::error::TransferError;
 use crate::memory::{Abort, MemSpan, Pin, Region};
 use crate::task::BatchState;
-use crate::wire::descriptor::SegmentDesc;
+use crate::wire::descriptor::{BufferDesc, SegmentDesc};
 use crate::wire::session::SegmentId;
 use crate::wire::tcp::OpCode;
 
@@ -53,8 +54,19 @@ pub fn start(
     memory: Arc<crate::memory::MemoryRegistry>,
     config: &crate::config::Config,
 ) -> Result<Vec<Arc<dyn Transport>>, TransportError> {
-    let tcp = tcp::TcpTransport::start(ip, host, memory, config)?;
-    Ok(vec![Arc::new(tcp)])
+    let tcp = tcp::TcpTransport::start(ip, host, memory.clone(), config)?;
+    let mut out: Vec<Arc<dyn Transport>> = vec![Arc::new(tcp)];
+    // Same-host GPU IPC, where a GPU runtime with devices is loaded.
+    let gpu = crate::device::runtime()
+        .ok()
+        .is_some_and(|rt| rt.device_count() > 0);
+    if gpu {
+        match ipc::IpcTransport::start(memory, config) {
+            Ok(t) => out.push(Arc::new(t)),
+            Err(why) => tracing::warn!("same-host GPU IPC is unavailable: {why}"),
+        }
+    }
+    Ok(out)
 }
 
 /// A transport behind the engine.
@@ -67,6 +79,21 @@ pub trait Transport: Send + Sync {
 
     /// Whether this transport can move data to the peer described by `peer`.
     fn reaches(&self, peer: &SegmentDesc) -> bool;
+
+    /// Whether this transport takes one request to `peer` whatever the peer's protocol:
+    /// the engine asks every transport per request before it falls back to the one that
+    /// [`reaches`](Self::reaches) the peer. `local_device`: the GPU holding the local
+    /// range, if any; `remote`: the peer's buffer holding the remote range. The same-host
+    /// IPC transport takes device-to-device requests this way.
+    fn takes(&self, _peer: &SegmentDesc, _local_device: Option<u32>, _remote: &BufferDesc) -> bool {
+        false
+    }
+
+    /// What this transport decided (for logs and the topology dump), if it has anything
+    /// to say beyond its protocol.
+    fn decision(&self) -> Option<String> {
+        None
+    }
 
     /// Why the peer recently could not be reached, if it could not: the engine then
     /// fetches its descriptor again (it may have restarted elsewhere).

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::WireError;
 
 /// A peer's segment: where its data port is and which memory it exposes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentDesc {
     /// Segment name; in P2P mode the session id `host:port`.
     pub name: String,
@@ -28,6 +28,17 @@ pub struct SegmentDesc {
     /// Registered buffers.
     #[serde(default)]
     pub buffers: Vec<BufferDesc>,
+    /// The host the segment runs on (its kernel's `boot_id`), so that a peer on another
+    /// host never takes the same-host IPC path. Not sent by upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
+    /// The owner's process id and pid namespace (`/proc/self/ns/pid` link text): a peer
+    /// on the same host holding IPC mappings of its memory checks that it still runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// See [`pid`](Self::pid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_ns: Option<String>,
 }
 
 fn v1() -> u32 {
@@ -35,14 +46,22 @@ fn v1() -> u32 {
 }
 
 /// One registered buffer of a segment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferDesc {
-    /// For TCP the owner's server name; for RDMA the location (`cpu:0`).
+    /// For TCP the owner's server name; for RDMA and IPC the location (`cpu:0`, `cuda:1`).
     pub name: String,
     /// Start address in the owner's address space.
     pub addr: u64,
     /// Length in bytes.
     pub length: u64,
+    /// IPC transports (`nvlink_intra`, `musa`, ...): the serialized runtime IPC handle of
+    /// the allocation holding the buffer, upper-case hex as upstream writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_name: Option<String>,
+    /// Where `addr` lies inside the allocation `shm_name` maps (ours; upstream assumes 0,
+    /// and sends nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_offset: Option<u64>,
 }
 
 impl BufferDesc {
@@ -230,6 +249,28 @@ mod tests {
         )
         .unwrap();
         assert!(!d.speaks_tcp());
+    }
+
+    #[test]
+    fn ipc_fields_round_trip_and_are_optional() {
+        let d = SegmentDesc::decode(
+            r#"{"name":"n","protocol":"nvlink_intra","buffers":[{"name":"cuda:0","addr":4096,"length":4096,"shm_name":"AB"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(d.buffers[0].shm_name.as_deref(), Some("AB"));
+        assert_eq!((d.buffers[0].shm_offset, d.host_id.as_ref()), (None, None));
+        let text = d.encode();
+        assert!(
+            !text.contains("shm_offset") && !text.contains("host_id"),
+            "{text}"
+        );
+        let mut d2 = d.clone();
+        d2.host_id = Some("h".into());
+        d2.pid = Some(7);
+        d2.buffers[0].shm_offset = Some(256);
+        assert_eq!(SegmentDesc::decode(&d2.encode()).unwrap(), d2);
+        let tcp = SegmentDesc::decode(UPSTREAM_TCP).unwrap().encode();
+        assert!(!tcp.contains("shm_name") && !tcp.contains("pid"), "{tcp}");
     }
 
     #[test]

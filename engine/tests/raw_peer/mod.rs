@@ -93,7 +93,9 @@ pub fn serve_descriptor(
             name: session.clone(),
             addr: remote,
             length: 1 << 30,
+            ..BufferDesc::default()
         }],
+        ..SegmentDesc::default()
     }
     .encode();
     let server = HandshakeServer::start(
