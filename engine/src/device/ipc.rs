@@ -173,8 +173,8 @@ impl IpcRuntime {
     pub fn current_device(&self) -> Result<u32, DeviceError> {
         let mut d: c_int = 0;
         // SAFETY: valid out-pointer.
-        self.rt
-            .check("GetDevice", unsafe { (self.api.get_device)(&mut d) })?;
+        let rc = unsafe { (self.api.get_device)(&mut d) };
+        self.rt.check("GetDevice", rc)?;
         Ok(d.max(0) as u32)
     }
 
