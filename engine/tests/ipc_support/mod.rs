@@ -14,7 +14,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use transfer_engine::device::{self, Vendor};
 use transfer_engine::{Config, OpCode, Request, TransferEngine};
@@ -184,6 +184,50 @@ pub fn peer_main() {
         }
     }
     std::process::exit(0);
+}
+
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// The test functions of one vendor's binary: the peer entry point and every scenario.
+#[macro_export]
+macro_rules! ipc_tests {
+    ($vendor:expr) => {
+        #[test]
+        fn ipc_peer_process() {
+            if std::env::var("TE_IPC_PEER").is_ok() {
+                ipc_support::peer_main();
+            }
+        }
+
+        #[test]
+        fn device_to_device_goes_over_ipc_with_one_open_per_allocation() {
+            ipc_support::device_to_device_goes_over_ipc($vendor);
+        }
+
+        #[test]
+        fn host_memory_and_mixes_use_tcp() {
+            ipc_support::host_memory_and_mixes_use_tcp($vendor);
+        }
+
+        #[test]
+        fn disabled_or_other_host_use_tcp() {
+            ipc_support::disabled_or_other_host_use_tcp($vendor);
+        }
+
+        #[test]
+        fn mappings_close_on_unregister_and_peer_exit() {
+            ipc_support::mappings_close_on_unregister_and_peer_exit($vendor);
+        }
+    };
 }
 
 /// An engine started with `env` set (under [`ENV`]).
@@ -417,7 +461,7 @@ pub fn mappings_close_on_unregister_and_peer_exit(vendor: Vendor) {
     let err = unsafe { e.transfer_sync(&seg, &[Request::new(OpCode::Read, dst, peer.c, LEN)]) };
     assert!(err.is_err());
     peer.kill();
-    let closed = crate::common_wait(Duration::from_secs(10), || ipc_counts(&e).2 == 0);
+    let closed = wait_for(Duration::from_secs(10), || ipc_counts(&e).2 == 0);
     assert!(
         closed,
         "mappings of an exited peer stay open: {:?}",

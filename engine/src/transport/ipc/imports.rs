@@ -87,15 +87,23 @@ impl Imports {
             );
         };
         let mut peers = self.peers.lock();
-        let seen = (peer as *const SegmentDesc as usize, peer.timestamp.clone());
-        let entry = peers.entry(peer.name.clone()).or_insert_with(|| PeerMaps {
-            seen: seen.clone(),
-            pid: peer.pid,
-            pid_ns: peer.pid_ns.clone(),
-            host_id: peer.host_id.clone(),
-            maps: HashMap::new(),
-        });
-        if entry.seen != seen {
+        let at = peer as *const SegmentDesc as usize;
+        if !peers.contains_key(&peer.name) {
+            peers.insert(
+                peer.name.clone(),
+                PeerMaps {
+                    seen: (at, peer.timestamp.clone()),
+                    pid: peer.pid,
+                    pid_ns: peer.pid_ns.clone(),
+                    host_id: peer.host_id.clone(),
+                    maps: HashMap::new(),
+                },
+            );
+        }
+        let Some(entry) = peers.get_mut(&peer.name) else {
+            return Err("internal: peer entry missing".into());
+        };
+        if entry.seen.0 != at || entry.seen.1 != peer.timestamp {
             // A new descriptor: close what it no longer lists; a restarted peer (new
             // process) shares nothing with the old one.
             let restarted = entry.pid != peer.pid || entry.host_id != peer.host_id;
@@ -107,7 +115,7 @@ impl Imports {
             entry
                 .maps
                 .retain(|k, _| !restarted && listed.contains(k.as_str()));
-            entry.seen = seen;
+            entry.seen = (at, peer.timestamp.clone());
             entry.pid = peer.pid;
             entry.pid_ns = peer.pid_ns.clone();
             entry.host_id = peer.host_id.clone();

@@ -52,6 +52,16 @@ pub const PROTOCOL_MUSA: &str = "musa";
 /// slices mean fewer completions to track.
 const SLICE_SIZE: u64 = 4 << 20;
 
+/// Kinds of per-peer decisions, logged once each time they change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decision {
+    HostBuffer,
+    Declined,
+    PeerGone,
+    Ipc,
+    Unmappable,
+}
+
 /// The IPC transport.
 pub struct IpcTransport {
     ipc: Arc<IpcRuntime>,
@@ -60,8 +70,8 @@ pub struct IpcTransport {
     host: HostIdentity,
     exports: Exports,
     imports: Imports,
-    /// Per peer, the last decision logged (so each is logged once).
-    decisions: Mutex<HashMap<String, String>>,
+    /// Per peer, the kind of the last decision logged (so each is logged once).
+    decisions: Mutex<HashMap<String, Decision>>,
     // Last: joined after the tables above are no longer needed by new work.
     copier: Copier,
 }
@@ -160,11 +170,12 @@ impl IpcTransport {
         None
     }
 
-    fn note(&self, peer: &SegmentDesc, decision: String) {
+    /// Logs `text` when the decision for `peer` changes kind (the text is built then only).
+    fn note(&self, peer: &SegmentDesc, kind: Decision, text: impl FnOnce() -> String) {
         let mut seen = self.decisions.lock();
-        if seen.get(&peer.name) != Some(&decision) {
-            tracing::info!("segment {}: {decision}", peer.name);
-            seen.insert(peer.name.clone(), decision);
+        if seen.get(peer.name.as_str()) != Some(&kind) {
+            tracing::info!("segment {}: {}", peer.name, text());
+            seen.insert(peer.name.clone(), kind);
         }
     }
 
@@ -200,34 +211,31 @@ impl Transport for IpcTransport {
     fn takes(&self, peer: &SegmentDesc, local_device: Option<u32>, remote: &BufferDesc) -> bool {
         if remote.shm_name.is_none() {
             if local_device.is_some() && self.host.same_host(peer) == Some(true) {
-                self.note(
-                    peer,
+                self.note(peer, Decision::HostBuffer, || {
                     format!(
                         "device requests to its host memory at {:#x} go over TCP",
                         remote.addr
-                    ),
-                );
+                    )
+                });
             }
             return false;
         }
         if let Some(why) = self.decline(peer, local_device) {
             if local_device.is_some() {
-                self.note(
-                    peer,
+                self.note(peer, Decision::Declined, || {
                     format!(
                         "device-to-device requests go over its protocol {:?}, not {}: {why}",
                         peer.protocol, self.protocol
-                    ),
-                );
+                    )
+                });
             }
             return false;
         }
         if self.host.peer_gone(peer) {
             self.imports.forget(&peer.name);
-            self.note(
-                peer,
-                "its process has exited; its IPC mappings are closed".into(),
-            );
+            self.note(peer, Decision::PeerGone, || {
+                "its process has exited; its IPC mappings are closed".into()
+            });
             return false;
         }
         let device = local_device.unwrap_or(0);
@@ -236,23 +244,21 @@ impl Transport for IpcTransport {
             .resolve(peer, remote, self.open_device(remote, device))
         {
             Ok(_) => {
-                self.note(
-                    peer,
+                self.note(peer, Decision::Ipc, || {
                     format!(
                         "device-to-device requests go over {} (same host)",
                         self.protocol
-                    ),
-                );
+                    )
+                });
                 true
             }
             Err(why) => {
-                self.note(
-                    peer,
+                self.note(peer, Decision::Unmappable, || {
                     format!(
                         "buffer {:#x} cannot be mapped over {} ({why}); its requests go over TCP",
                         remote.addr, self.protocol
-                    ),
-                );
+                    )
+                });
                 false
             }
         }
