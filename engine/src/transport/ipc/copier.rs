@@ -23,9 +23,6 @@ use crate::memory::Abort;
 use crate::transport::{Held, Slice};
 use crate::wire::tcp::OpCode;
 
-/// Copy threads started by the transport.
-pub(super) const THREADS: usize = 4;
-
 /// One slice, with where its remote range is mapped here.
 pub(super) struct Copy {
     pub slice: Slice,
@@ -55,10 +52,10 @@ pub(super) struct Copier {
 }
 
 impl Copier {
-    pub fn start(ipc: &Arc<IpcRuntime>) -> Result<Self, std::io::Error> {
+    pub fn start(ipc: &Arc<IpcRuntime>, count: usize) -> Result<Self, std::io::Error> {
         let mut queues = Vec::new();
         let mut threads = Vec::new();
-        for i in 0..THREADS {
+        for i in 0..count.max(1) {
             let (tx, rx) = crossbeam_channel::unbounded::<Vec<Copy>>();
             let ipc = ipc.clone();
             threads.push(
@@ -77,7 +74,7 @@ impl Copier {
 
     /// Spreads `copies` over the threads in contiguous groups, one group per thread.
     pub fn post(&self, mut copies: Vec<Copy>) {
-        let groups = THREADS.min(copies.len()).max(1);
+        let groups = self.queues.len().min(copies.len()).max(1);
         let per = copies.len().div_ceil(groups);
         while !copies.is_empty() {
             let rest = copies.split_off(per.min(copies.len()));

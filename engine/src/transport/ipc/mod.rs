@@ -48,10 +48,6 @@ pub const PROTOCOL_CUDA: &str = "nvlink_intra";
 /// Protocol name of the MUSA IPC transport (upstream's).
 pub const PROTOCOL_MUSA: &str = "musa";
 
-/// Slices are large: a device copy of a few MiB already runs at link speed, and fewer
-/// slices mean fewer completions to track.
-const SLICE_SIZE: u64 = 4 << 20;
-
 /// Kinds of per-peer decisions, logged once each time they change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Decision {
@@ -95,7 +91,8 @@ impl IpcTransport {
                 .map_err(|e| format!("{} has no IPC calls: {e}", rt.path()))?,
         );
         let host = HostIdentity::local(settings.host_id.clone())?;
-        let copier = Copier::start(&ipc).map_err(|e| format!("cannot start copy threads: {e}"))?;
+        let copier = Copier::start(&ipc, settings.copy_threads)
+            .map_err(|e| format!("cannot start copy threads: {e}"))?;
         let protocol = match rt.vendor() {
             Vendor::Cuda => PROTOCOL_CUDA,
             Vendor::Musa => PROTOCOL_MUSA,
@@ -132,7 +129,7 @@ impl IpcTransport {
             "{protocol}: {vendor} IPC on {n} device(s) ({rt}; allocation ranges from {driver}); \
              same-host device-to-device requests {auto}; advertised protocol {adv}; host id {host}; \
              {regions} region(s) exported in {handles} handle(s); {opens} peer handle(s) opened, \
-             {closes} closed, {cached} open now",
+             {closes} closed, {cached} open now; slices of {slice} bytes on {threads} copy thread(s)",
             protocol = self.protocol,
             vendor = self.ipc.runtime().vendor(),
             n = self.ipc.runtime().device_count(),
@@ -148,6 +145,8 @@ impl IpcTransport {
                 "unchanged (MC_INTRANODE_NVLINK / MC_FORCE_MUSA unset)"
             },
             host = self.host.host_id,
+            slice = self.settings.slice_size,
+            threads = self.settings.copy_threads,
         )
     }
 
@@ -271,7 +270,7 @@ impl Transport for IpcTransport {
     }
 
     fn slice_size(&self) -> u64 {
-        SLICE_SIZE
+        self.settings.slice_size
     }
 
     fn post(

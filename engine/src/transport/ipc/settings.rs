@@ -18,6 +18,34 @@ pub struct IpcSettings {
     /// Replaces the kernel's `boot_id` as this host's identity (`MC_HOST_ID`): two
     /// containers on one host that must not share GPU memory set different values.
     pub host_id: Option<String>,
+    /// Largest piece a request is cut into (`MC_IPC_SLICE_SIZE`, bytes).
+    pub slice_size: u64,
+    /// Copy threads, each with its own stream per device (`MC_IPC_COPY_THREADS`).
+    pub copy_threads: usize,
+}
+
+/// Default of `MC_IPC_SLICE_SIZE`.
+pub const DEFAULT_SLICE_SIZE: u64 = 4 << 20;
+/// Default of `MC_IPC_COPY_THREADS`.
+pub const DEFAULT_COPY_THREADS: usize = 4;
+
+fn number(
+    env: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+    default: u64,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<u64, String> {
+    let Some(v) = env(var).filter(|v| !v.trim().is_empty()) else {
+        return Ok(default);
+    };
+    match v.trim().parse::<u64>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{var}={v:?} is not understood; use a whole number from {} to {}",
+            range.start(),
+            range.end()
+        )),
+    }
 }
 
 impl IpcSettings {
@@ -54,11 +82,25 @@ impl IpcSettings {
             }
         };
         let host_id = env("MC_HOST_ID").filter(|s| !s.trim().is_empty());
+        let slice_size = number(
+            env,
+            "MC_IPC_SLICE_SIZE",
+            DEFAULT_SLICE_SIZE,
+            4096..=(1 << 30),
+        )?;
+        let copy_threads = number(
+            env,
+            "MC_IPC_COPY_THREADS",
+            DEFAULT_COPY_THREADS as u64,
+            1..=16,
+        )? as usize;
         Ok(Self {
             auto,
             forced,
             open_on_buffer_device,
             host_id,
+            slice_size,
+            copy_threads,
         })
     }
 }
@@ -111,5 +153,12 @@ mod tests {
         assert!(e.contains("MC_DISABLE_IPC"), "{e}");
         let e = with(&[("MC_MUSA_IPC_OPEN_DEVICE", "peer")], Vendor::Musa).unwrap_err();
         assert!(e.contains("MC_MUSA_IPC_OPEN_DEVICE"), "{e}");
+        let e = with(&[("MC_IPC_COPY_THREADS", "0")], Vendor::Cuda).unwrap_err();
+        assert!(e.contains("MC_IPC_COPY_THREADS"), "{e}");
+        let ok = with(&[("MC_IPC_SLICE_SIZE", "67108864")], Vendor::Cuda).unwrap();
+        assert_eq!(
+            (ok.slice_size, ok.copy_threads),
+            (64 << 20, DEFAULT_COPY_THREADS)
+        );
     }
 }
