@@ -311,13 +311,18 @@ def main(args):
     killed_mid_batch(e)
     del e
     results = []
-    for path, env in (("ipc", {}), ("tcp", {"MC_DISABLE_IPC": "1"})):
+    paths = [("ipc", {}), ("tcp", {"MC_DISABLE_IPC": "1"})]
+    if args.sweep:
+        paths += [(f"ipc-{mb}M-{t}t", {"MC_IPC_SLICE_SIZE": str(mb * MiB), "MC_IPC_COPY_THREADS": str(t)})
+                  for mb, t in ((64, 4), (64, 1), (16, 2), (1024, 4))]
+    for path, env in paths:
         p = subprocess.run([sys.executable, __file__, "bench", "--path", path, "--duration", str(args.duration)],
                            env={**os.environ, **env}, capture_output=True, text=True, timeout=400)
-        sys.stderr.write(p.stderr[-4000:])
+        sys.stderr.write(p.stderr[-3000:])
         for line in p.stdout.splitlines():
             if line.startswith("{"):
                 results.append(json.loads(line))
+                print(line, flush=True)
         check(p.returncode == 0, f"{path} benchmark ran")
     for block in BLOCKS + (BENCH,):
         r = bench_raw(block, args.duration)
@@ -325,12 +330,13 @@ def main(args):
         print(json.dumps(results[-1]), flush=True)
     bulk = {r_["path"]: r_ for r_ in results if r_["block"] == BENCH}["raw"]
     print(f"\nraw bulk (one {BENCH >> 20} MiB copy_): write {bulk['write']:.1f} GB/s, read {bulk['read']:.1f} GB/s")
-    print(f"{'block':>8} {'op':6} {'raw GB/s':>9} {'ipc GB/s':>9} {'tcp GB/s':>9} {'ipc/raw':>8} {'ipc/bulk':>9}")
+    names = [p_ for p_, _ in paths]
+    print(f"{'block':>8} {'op':6} {'raw':>7} " + " ".join(f"{n:>12}" for n in names) + f" {'ipc/raw':>8} {'ipc/bulk':>9}")
     for block in BLOCKS:
         for op in ("write", "read"):
             v = {r["path"]: r[op] for r in results if r["block"] == block}
-            print(f"{block >> 10:>7}K {op:6} {v['raw']:9.1f} {v['ipc']:9.1f} {v['tcp']:9.2f} "
-                  f"{v['ipc'] / v['raw']:8.2f} {v['ipc'] / bulk[op]:9.2f}")
+            print(f"{block >> 10:>7}K {op:6} {v['raw']:7.1f} " + " ".join(f"{v[n]:12.1f}" for n in names)
+                  + f" {v['ipc'] / v['raw']:8.2f} {v['ipc'] / bulk[op]:9.2f}")
     check(all(r["bytes_ok"] for r in results), "benchmark bytes verified on the target after each path")
 
 
@@ -342,5 +348,6 @@ if __name__ == "__main__":
     ap.add_argument("--bench", type=int, default=BENCH)
     ap.add_argument("--path", default="ipc")
     ap.add_argument("--duration", type=float, default=1.5)
+    ap.add_argument("--sweep", action="store_true", help="also IPC with other slice sizes / copy threads")
     a = ap.parse_args()
     {"main": main, "target": target, "bench": bench}[a.role](a)

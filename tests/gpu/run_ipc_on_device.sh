@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader
 nvidia-smi topo -m | head -4
 export PYTHONPATH="$HERE/site"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-timeout 420 python3 "$HERE/gpu_ipc.py" main --duration 1.0 2>&1 | tee "$OUTDIR/gpu_ipc.log"
+timeout 500 python3 "$HERE/gpu_ipc.py" main --duration 1.0 "$@" 2>&1 | tee "$OUTDIR/gpu_ipc.log"
 echo "gpu_ipc exit ${PIPESTATUS[0]}"
 grep -h "segment .*go over\|IPC on\|not shared over IPC\|cannot be mapped" "$OUTDIR/gpu_ipc.log" | sort | uniq -c | head -20
 if [ -d "$HERE/up" ] && [ -f "$HERE/ipc_interop.py" ]; then
