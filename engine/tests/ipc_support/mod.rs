@@ -224,6 +224,11 @@ macro_rules! ipc_tests {
         }
 
         #[test]
+        fn a_peer_advertising_the_ipc_protocol_serves_device_memory_only() {
+            ipc_support::peer_advertising_the_ipc_protocol($vendor);
+        }
+
+        #[test]
         fn mappings_close_on_unregister_and_peer_exit() {
             ipc_support::mappings_close_on_unregister_and_peer_exit($vendor);
         }
@@ -461,11 +466,48 @@ pub fn mappings_close_on_unregister_and_peer_exit(vendor: Vendor) {
     let err = unsafe { e.transfer_sync(&seg, &[Request::new(OpCode::Read, dst, peer.c, LEN)]) };
     assert!(err.is_err());
     peer.kill();
-    let closed = wait_for(Duration::from_secs(10), || ipc_counts(&e).2 == 0);
+    // Housekeeping notices the exit within a second or so; the counters settle once the
+    // mapping is dropped (after it left the cache).
+    let closed = wait_for(Duration::from_secs(10), || ipc_counts(&e) == (2, 2, 0));
     assert!(
         closed,
         "mappings of an exited peer stay open: {:?}",
         ipc_counts(&e)
     );
-    assert_eq!(ipc_counts(&e).1, 2);
+}
+
+/// A peer started with upstream's switch (`MC_INTRANODE_NVLINK` / `MC_FORCE_MUSA`) advertises
+/// the IPC protocol: device memory moves over IPC, host memory fails with the reason.
+pub fn peer_advertising_the_ipc_protocol(vendor: Vendor) {
+    install_fake(vendor);
+    let (var, protocol) = match vendor {
+        Vendor::Cuda => ("MC_INTRANODE_NVLINK", "nvlink_intra"),
+        Vendor::Musa => ("MC_FORCE_MUSA", "musa"),
+    };
+    let peer = IpcPeer::spawn(51, &[(var, "1")]);
+    let e = engine_with(&[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    let dst = device_buffer(1, &vec![0u8; len]);
+    sync(&e, &seg, &[Request::new(OpCode::Read, dst, peer.a, LEN)]);
+    assert!(device_bytes(dst, len) == pattern(len, 51));
+    assert_eq!(ipc_counts(&e).0, 1);
+    let mut host = vec![0u8; len];
+    // SAFETY: `host` outlives the call.
+    let err = unsafe {
+        e.transfer_sync(
+            &seg,
+            &[Request::new(
+                OpCode::Read,
+                host.as_mut_ptr() as u64,
+                peer.a,
+                LEN,
+            )],
+        )
+    }
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(protocol) && err.contains("host memory"),
+        "{err}"
+    );
 }
