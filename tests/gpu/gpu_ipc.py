@@ -11,7 +11,6 @@ killed mid-batch; then measures our IPC path, our TCP path (MC_DISABLE_IPC=1) an
     python3 gpu_ipc.py main [--duration S]
 """
 import argparse
-import hashlib
 import json
 import os
 import signal
@@ -25,32 +24,13 @@ import torch
 
 from mooncake.engine import TransferEngine
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_transfer import check, new_engine, pattern, sha  # noqa: E402  (same folder)
+
 MiB = 1 << 20
 BENCH = 256 * MiB
 SMALL = 300 << 10
 BLOCKS = (64 << 10, MiB, 4 * MiB, 64 * MiB)  # caching-allocator tensors: several share one 2 MiB block
-
-
-def pattern(n, seed, device):
-    i = torch.arange(n, device=device, dtype=torch.int64)
-    return ((i * 131 + seed * 7 + (i >> 8) + (i >> 16)) & 0xFF).to(torch.uint8)
-
-
-def sha(t):
-    return hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()
-
-
-def new_engine():
-    e = TransferEngine()
-    rc = e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
-    assert rc == 0, f"initialize returned {rc}"
-    return e
-
-
-def check(cond, what):
-    print(("PASS " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        sys.exit(1)
 
 
 def fetch_descriptor(session):

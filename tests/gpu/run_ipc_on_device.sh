@@ -4,7 +4,7 @@
 # prepared by ../shared/tools/carry-upstream-for-gpu-host.sh under up/ and libs/):
 #
 # Here:   scripts/build-wheel.sh; unzip the wheel into <main checkout>/.gpucarry/site (strip
-#         its .so), copy tests/gpu/gpu_ipc.py, tests/gpu/ipc_interop.py and this script
+#         its .so), copy tests/gpu/gpu_ipc.py, gpu_transfer.py (its helpers), ipc_interop.py and this script
 #         into .gpucarry/ (git-ignored; the device tool sends the main checkout)
 # Device: run(command="bash .gpucarry/run_ipc_on_device.sh", carry=[".gpucarry"], kind="nvidia-h200-x2")
 set -uo pipefail
