@@ -188,7 +188,9 @@ impl BatchState {
 
     /// Cancels the batch and returns once no transport thread touches its memory: queued
     /// slices are skipped, and the connections carrying slices in flight are cut (they
-    /// reconnect for later work) instead of waiting for the peer.
+    /// reconnect for later work) instead of waiting for the peer. A device copy over GPU
+    /// IPC cannot be cut: its carrier's abort does nothing, and this waits until the copies
+    /// already issued are done (bounded by copy time, not by a peer).
     pub fn cancel_and_drain(&self) {
         self.cancel();
         let mut cut = 0;

@@ -117,20 +117,14 @@ impl Side {
     fn desc(&self) -> SegmentDesc {
         let mut d = SegmentDesc {
             name: self.name.clone(),
-            protocol: Vec::new(),
-            tcp_data_port: 0,
-            tcp_data_host: None,
             tcp_proto_version: 2,
-            timestamp: String::new(),
             buffers: vec![BufferDesc {
                 name: self.name.clone(),
                 addr: self.buf.addr(),
                 length: BUF as u64,
-                rkey: Vec::new(),
-                lkey: Vec::new(),
+                ..BufferDesc::default()
             }],
-            devices: Vec::new(),
-            priority_matrix: Default::default(),
+            ..SegmentDesc::default()
         };
         self.t.describe(&mut d);
         SegmentDesc::decode(&d.encode()).unwrap()

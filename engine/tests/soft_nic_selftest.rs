@@ -170,7 +170,10 @@ fn injected_retry_exceeded_on_one_hca() {
 fn concurrent_posts_on_one_qp_while_polling() {
     let fabric = SoftFabric::new(&["soft_0"]);
     let out = passes(&fabric, &["threads"], &[]);
-    assert!(out.contains("threads: 8000 completions in order per thread"), "{out}");
+    assert!(
+        out.contains("threads: 8000 completions in order per thread"),
+        "{out}"
+    );
 }
 
 #[test]

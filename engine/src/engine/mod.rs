@@ -180,7 +180,8 @@ impl TransferEngine {
             }
         };
         let memory = Arc::new(MemoryRegistry::new());
-        let transports = crate::transport::start(ip, &host, &session_id, memory.clone(), &config, request)?;
+        let transports =
+            crate::transport::start(ip, &host, &session_id, memory.clone(), &config, request)?;
         let notify_bytes = config.notify_queue_bytes;
         let inner = Arc::new(Inner {
             store,
@@ -289,6 +290,16 @@ impl TransferEngine {
     /// `(addr, len, location)` of every registered region, locations resolved.
     pub fn registered_regions(&self) -> Vec<(u64, u64, String)> {
         self.inner.memory.snapshot()
+    }
+
+    /// What each transport decided (protocol, one line), for the topology dump: e.g.
+    /// whether same-host device-to-device requests go over GPU IPC.
+    pub fn transport_decisions(&self) -> Vec<(&'static str, String)> {
+        self.inner
+            .transports
+            .iter()
+            .filter_map(|t| t.decision().map(|d| (t.protocol(), d)))
+            .collect()
     }
 
     /// The local topology JSON (upstream's `get_local_topology` shape), narrowed by
@@ -418,10 +429,12 @@ impl Inner {
                     name: self.session_id.clone(),
                     addr,
                     length,
-                    rkey: Vec::new(),
-                    lkey: Vec::new(),
+                    ..BufferDesc::default()
                 })
                 .collect(),
+            host_id: None,
+            pid: None,
+            pid_ns: None,
             devices: Vec::new(),
             priority_matrix: Default::default(),
         };
@@ -542,7 +555,44 @@ impl Inner {
                 desc.find_buffer(r.remote, r.len).is_none()
             });
         }
-        let stripe = transport.slice_size();
+        let desc = Arc::clone(&seg.desc.read());
+        let gpu = crate::device::runtime()
+            .ok()
+            .filter(|rt| rt.device_count() > 0);
+        // Per request: its local region and device, and the transport that moves it (one
+        // that takes this request, e.g. same-host GPU IPC, else the peer's transport).
+        let mut transports: Vec<Arc<dyn Transport>> = vec![transport];
+        let plan: Vec<_> = requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if r.len == 0 || unknown.binary_search(&i).is_ok() {
+                    return (None, None, 0);
+                }
+                let region = self.memory.find(r.local, r.len);
+                let local_device = match &region {
+                    Some(region) => region.device.map(|(_, d)| d),
+                    None => gpu.as_ref().and_then(|rt| rt.device_of(r.local)),
+                };
+                let taker = desc.find_buffer(r.remote, r.len).and_then(|b| {
+                    self.transports
+                        .iter()
+                        .find(|t| t.takes(&desc, local_device, b))
+                });
+                let which = match taker {
+                    None => 0,
+                    Some(t) => match transports.iter().position(|u| Arc::ptr_eq(u, t)) {
+                        Some(k) => k,
+                        None => {
+                            transports.push(t.clone());
+                            transports.len() - 1
+                        }
+                    },
+                };
+                (region, local_device, which)
+            })
+            .collect();
+        let stripes: Vec<u64> = transports.iter().map(|t| t.slice_size().max(1)).collect();
         let counts: Vec<u32> = requests
             .iter()
             .enumerate()
@@ -550,7 +600,7 @@ impl Inner {
                 if r.len == 0 || unknown.binary_search(&i).is_ok() {
                     u32::from(r.len > 0)
                 } else {
-                    r.len.div_ceil(stripe) as u32
+                    r.len.div_ceil(stripes[plan[i].2]) as u32
                 }
             })
             .collect();
@@ -568,23 +618,16 @@ impl Inner {
                 },
             );
         }
-        let gpu = crate::device::runtime()
-            .ok()
-            .filter(|rt| rt.device_count() > 0);
-        let mut slices = Vec::with_capacity(requests.len());
-        for (i, r) in requests.iter().enumerate() {
+        let mut slices: Vec<Vec<Slice>> = transports.iter().map(|_| Vec::new()).collect();
+        for (i, (r, (region, local_device, which))) in requests.iter().zip(plan).enumerate() {
             if r.len == 0 || unknown.binary_search(&i).is_ok() {
                 continue;
             }
-            let region = self.memory.find(r.local, r.len);
-            let local_device = match &region {
-                Some(region) => region.device.map(|(_, d)| d),
-                None => gpu.as_ref().and_then(|rt| rt.device_of(r.local)),
-            };
+            let stripe = stripes[which];
             let mut off = 0;
             while off < r.len {
                 let n = stripe.min(r.len - off);
-                slices.push(Slice {
+                slices[which].push(Slice {
                     local_device,
                     local_region: region.clone(),
                     op: r.op,
@@ -598,8 +641,16 @@ impl Inner {
                 off += n;
             }
         }
-        let desc = Arc::clone(&seg.desc.read());
-        transport.post(id, &desc, slices)?;
+        // The peer's own transport (index 0) last: if it fails, what others took is
+        // drained before the error returns, so the caller's memory is free again.
+        for (t, group) in transports.iter().zip(slices).rev() {
+            if !group.is_empty() {
+                if let Err(e) = t.post(id, &desc, group) {
+                    batch.cancel_and_drain();
+                    return Err(e.into());
+                }
+            }
+        }
         Ok(batch)
     }
 }

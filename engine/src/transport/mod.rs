@@ -8,8 +8,9 @@
 //! it, so that a canceled batch or an unregistered region can cut that connection and
 //! know when the memory is free again.
 
-pub mod select;
+pub mod ipc;
 pub mod rdma;
+pub mod select;
 pub mod tcp;
 
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use thiserror::Error;
 use crate::error::TransferError;
 use crate::memory::{Abort, MemSpan, Pin, Region};
 use crate::task::BatchState;
-use crate::wire::descriptor::SegmentDesc;
+use crate::wire::descriptor::{BufferDesc, SegmentDesc};
 use crate::wire::session::SegmentId;
 use crate::wire::tcp::OpCode;
 
@@ -114,8 +115,24 @@ pub fn start(
         tracing::info!("{n}");
     }
     let mut out: Vec<Arc<dyn Transport>> = Vec::new();
-    if plan.ipc {
-        out.push(ipc_transport(memory.clone(), config).map_err(TransportError::Refused)?);
+    // Same-host GPU IPC: asked for (`nvlink_intra`, `musa`), or automatic for device
+    // memory between segments of this host whenever a GPU runtime has devices.
+    if plan.ipc || gpu_with_devices() {
+        match ipc::IpcTransport::start(memory.clone(), config) {
+            Ok(t) => out.push(Arc::new(t)),
+            Err(why) if plan.ipc => {
+                return Err(TransportError::Refused(format!(
+                    "protocol {:?} needs same-host GPU IPC, which cannot start: {why}",
+                    request.protocol
+                )))
+            }
+            Err(why) => {
+                let w = format!("same-host GPU IPC is unavailable: {why}");
+                if crate::log_throttle::first_time(&w) {
+                    tracing::warn!("{w}");
+                }
+            }
+        }
     }
     if let Some(rdma) = &plan.rdma {
         match rdma_transport(rdma, session_id, config) {
@@ -213,9 +230,8 @@ fn rdma_transport(
         num_qp_per_ep: config.num_qp_per_ep as usize,
         max_wr: config.max_wr as usize,
         retry_cnt: config.retry_cnt as usize,
-        ib_port: u8::try_from(config.ib_port).map_err(|_| {
-            format!("MC_IB_PORT={} is out of range (1-255)", config.ib_port)
-        })?,
+        ib_port: u8::try_from(config.ib_port)
+            .map_err(|_| format!("MC_IB_PORT={} is out of range (1-255)", config.ib_port))?,
         gid_index: config.gid_index,
         mtu: config.mtu,
         ..rdma::RdmaParams::default()
@@ -225,12 +241,11 @@ fn rdma_transport(
     Ok(Arc::new(t))
 }
 
-/// INTEGRATION POINT: starts the same-host GPU IPC transport (`nvlink_intra`, `musa`).
-fn ipc_transport(
-    _memory: Arc<crate::memory::MemoryRegistry>,
-    _config: &crate::config::Config,
-) -> Result<Arc<dyn Transport>, String> {
-    Err("the same-host GPU IPC transport is not built into this engine yet".into())
+/// Whether a GPU runtime is loaded (or loadable) and sees devices.
+fn gpu_with_devices() -> bool {
+    crate::device::runtime()
+        .ok()
+        .is_some_and(|rt| rt.device_count() > 0)
 }
 
 /// RLIMIT_MEMLOCK and whether CAP_IPC_LOCK lifts it.
@@ -269,6 +284,21 @@ pub trait Transport: Send + Sync {
 
     /// Whether this transport can move data to the peer described by `peer`.
     fn reaches(&self, peer: &SegmentDesc) -> bool;
+
+    /// Whether this transport takes one request to `peer` whatever the peer's protocol:
+    /// the engine asks every transport per request before it falls back to the one that
+    /// [`reaches`](Self::reaches) the peer. `local_device`: the GPU holding the local
+    /// range, if any; `remote`: the peer's buffer holding the remote range. The same-host
+    /// IPC transport takes device-to-device requests this way.
+    fn takes(&self, _peer: &SegmentDesc, _local_device: Option<u32>, _remote: &BufferDesc) -> bool {
+        false
+    }
+
+    /// What this transport decided (for logs and the topology dump), if it has anything
+    /// to say beyond its protocol.
+    fn decision(&self) -> Option<String> {
+        None
+    }
 
     /// Why the peer recently could not be reached, if it could not: the engine then
     /// fetches its descriptor again (it may have restarted elsewhere).

@@ -15,7 +15,7 @@ pub const MAX_LOCATIONS: usize = 4096;
 pub const MAX_PRIORITY_NAMES: usize = 256;
 
 /// A peer's segment: where its data port is and which memory it exposes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentDesc {
     /// Segment name; in P2P mode the session id `host:port`.
     pub name: String,
@@ -37,6 +37,17 @@ pub struct SegmentDesc {
     /// Registered buffers.
     #[serde(default)]
     pub buffers: Vec<BufferDesc>,
+    /// The host the segment runs on (its kernel's `boot_id`), so that a peer on another
+    /// host never takes the same-host IPC path. Not sent by upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
+    /// The owner's process id and pid namespace (`/proc/self/ns/pid` link text): a peer
+    /// on the same host holding IPC mappings of its memory checks that it still runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// See [`pid`](Self::pid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_ns: Option<String>,
     /// RDMA devices (HCAs), in the order of each buffer's `rkey`/`lkey` arrays.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceDesc>,
@@ -63,9 +74,9 @@ fn v1() -> u32 {
 }
 
 /// One registered buffer of a segment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferDesc {
-    /// For TCP the owner's server name; for RDMA the location (`cpu:0`).
+    /// For TCP the owner's server name; for RDMA and IPC the location (`cpu:0`, `cuda:1`).
     pub name: String,
     /// Start address in the owner's address space.
     pub addr: u64,
@@ -77,6 +88,14 @@ pub struct BufferDesc {
     /// RDMA local keys, one per device (upstream publishes them; peers do not use them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lkey: Vec<u32>,
+    /// IPC transports (`nvlink_intra`, `musa`, ...): the serialized runtime IPC handle of
+    /// the allocation holding the buffer, upper-case hex as upstream writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_name: Option<String>,
+    /// Where `addr` lies inside the allocation `shm_name` maps (ours; upstream assumes 0,
+    /// and sends nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_offset: Option<u64>,
 }
 
 impl BufferDesc {
@@ -381,6 +400,28 @@ mod tests {
         assert!(SegmentDesc::decode(&long).is_err());
         let negative_key = UPSTREAM_RDMA.replace(r#""rkey":[14,24]"#, r#""rkey":[-1,24]"#);
         assert!(SegmentDesc::decode(&negative_key).is_err());
+    }
+
+    #[test]
+    fn ipc_fields_round_trip_and_are_optional() {
+        let d = SegmentDesc::decode(
+            r#"{"name":"n","protocol":"nvlink_intra","buffers":[{"name":"cuda:0","addr":4096,"length":4096,"shm_name":"AB"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(d.buffers[0].shm_name.as_deref(), Some("AB"));
+        assert_eq!((d.buffers[0].shm_offset, d.host_id.as_ref()), (None, None));
+        let text = d.encode();
+        assert!(
+            !text.contains("shm_offset") && !text.contains("host_id"),
+            "{text}"
+        );
+        let mut d2 = d.clone();
+        d2.host_id = Some("h".into());
+        d2.pid = Some(7);
+        d2.buffers[0].shm_offset = Some(256);
+        assert_eq!(SegmentDesc::decode(&d2.encode()).unwrap(), d2);
+        let tcp = SegmentDesc::decode(UPSTREAM_TCP).unwrap().encode();
+        assert!(!tcp.contains("shm_name") && !tcp.contains("pid"), "{tcp}");
     }
 
     #[test]

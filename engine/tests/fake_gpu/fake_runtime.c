@@ -5,19 +5,31 @@
  * bypasses the runtime's copy functions faults: a test passes only if the
  * engine stages device memory through the runtime. Copies are counted.
  * PointerGetAttributes writes 88 bytes, as CUDA 13's larger struct does.
+ *
+ * IPC: every "device" allocation is a memfd mapped MAP_SHARED, so another
+ * process can map it: the 64-byte IPC handle holds a magic, the creator's pid,
+ * the memfd number and the allocation size; IpcOpenMemHandle maps
+ * /proc/<pid>/fd/<fd> (PROT_NONE like any device memory), IpcCloseMemHandle
+ * unmaps it. Opens and closes are counted (fake_gpu_ipc_stats). As with CUDA,
+ * the handle of any pointer inside an allocation names the whole allocation,
+ * and the driver's MemGetAddressRange (exported here under the CUDA and MUSA
+ * driver names) gives its base and size.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define CAT2(a, b) a##b
 #define CAT(a, b) CAT2(a, b)
 #define API(name) CAT(PREFIX, name)
 
-typedef struct { uintptr_t base; size_t len; int device; } region_t;
+typedef struct { uintptr_t base; size_t len; int device; int fd; int imported; } region_t;
 static region_t regions[256];
 static int nregions;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -58,11 +70,14 @@ int API(GetLastError)(void) { return 0; }
 
 int API(Malloc)(void **p, size_t len) {
     size_t l = (len + 4095) & ~(size_t)4095;
-    void *m = mmap(0, l, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return 2;
+    int fd = memfd_create("fake-gpu", MFD_CLOEXEC);
+    if (fd < 0) return 2;
+    if (ftruncate(fd, (off_t)l) != 0) { close(fd); return 2; }
+    void *m = mmap(0, l, PROT_NONE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) { close(fd); return 2; }
     pthread_mutex_lock(&lock);
-    if (nregions == 256) { pthread_mutex_unlock(&lock); munmap(m, l); return 2; }
-    regions[nregions++] = (region_t){(uintptr_t)m, l, current_device};
+    if (nregions == 256) { pthread_mutex_unlock(&lock); munmap(m, l); close(fd); return 2; }
+    regions[nregions++] = (region_t){(uintptr_t)m, l, current_device, fd, 0};
     pthread_mutex_unlock(&lock);
     *p = m;
     return 0;
@@ -71,14 +86,94 @@ int API(Malloc)(void **p, size_t len) {
 int API(Free)(void *p) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < nregions; i++)
-        if (regions[i].base == (uintptr_t)p) {
+        if (regions[i].base == (uintptr_t)p && !regions[i].imported) {
             munmap(p, regions[i].len);
+            close(regions[i].fd);
             regions[i] = regions[--nregions];
             pthread_mutex_unlock(&lock);
             return 0;
         }
     pthread_mutex_unlock(&lock);
     return 1;
+}
+
+/* IPC handle layout (fake): magic, pid, fd, size; the rest zero. */
+#define IPC_MAGIC 0x4350494b414646ULL /* "FFAKIPC" */
+typedef struct { char bytes[64]; } ipc_handle_t;
+typedef struct { uint64_t magic; int32_t pid; int32_t fd; uint64_t size; } ipc_fields_t;
+static uint64_t ipc_opens, ipc_closes, ipc_gets;
+
+int API(IpcGetMemHandle)(ipc_handle_t *h, void *p) {
+    pthread_mutex_lock(&lock);
+    region_t *r = find((uintptr_t)p);
+    if (!r || r->imported) { pthread_mutex_unlock(&lock); return 1; }
+    ipc_fields_t f = {IPC_MAGIC, (int32_t)getpid(), r->fd, r->len};
+    ipc_gets++;
+    pthread_mutex_unlock(&lock);
+    memset(h, 0, sizeof *h);
+    memcpy(h->bytes, &f, sizeof f);
+    return 0;
+}
+
+int API(IpcOpenMemHandle)(void **p, ipc_handle_t h, unsigned flags) {
+    (void)flags;
+    ipc_fields_t f;
+    memcpy(&f, h.bytes, sizeof f);
+    if (f.magic != IPC_MAGIC || f.size == 0) return 1;
+    if (f.pid == (int32_t)getpid()) return 1; /* CUDA refuses handles of the own process */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", f.pid, f.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return 1;
+    void *m = mmap(0, f.size, PROT_NONE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) { close(fd); return 2; }
+    pthread_mutex_lock(&lock);
+    if (nregions == 256) { pthread_mutex_unlock(&lock); munmap(m, f.size); close(fd); return 2; }
+    regions[nregions++] = (region_t){(uintptr_t)m, f.size, current_device, fd, 1};
+    ipc_opens++;
+    pthread_mutex_unlock(&lock);
+    *p = m;
+    return 0;
+}
+
+int API(IpcCloseMemHandle)(void *p) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < nregions; i++)
+        if (regions[i].base == (uintptr_t)p && regions[i].imported) {
+            munmap(p, regions[i].len);
+            close(regions[i].fd);
+            regions[i] = regions[--nregions];
+            ipc_closes++;
+            pthread_mutex_unlock(&lock);
+            return 0;
+        }
+    pthread_mutex_unlock(&lock);
+    return 1;
+}
+
+/* Driver API: base and size of the allocation holding p. */
+static int address_range(uintptr_t *base, size_t *size, uintptr_t p) {
+    pthread_mutex_lock(&lock);
+    region_t *r = find(p);
+    if (r) { *base = r->base; *size = r->len; }
+    pthread_mutex_unlock(&lock);
+    return r ? 0 : 1;
+}
+int cuMemGetAddressRange_v2(uintptr_t *base, size_t *size, uintptr_t p) { return address_range(base, size, p); }
+int muMemGetAddressRange(uintptr_t *base, size_t *size, uintptr_t p) { return address_range(base, size, p); }
+int cuInit(unsigned flags) { (void)flags; return 0; }
+int muInit(unsigned flags) { (void)flags; return 0; }
+
+/* Test hook: handles exported, opened, closed; imported mappings alive now. */
+void fake_gpu_ipc_stats(uint64_t out[4]) {
+    pthread_mutex_lock(&lock);
+    out[0] = ipc_gets;
+    out[1] = ipc_opens;
+    out[2] = ipc_closes;
+    uint64_t live = 0;
+    for (int i = 0; i < nregions; i++) live += regions[i].imported != 0;
+    out[3] = live;
+    pthread_mutex_unlock(&lock);
 }
 
 int API(PointerGetAttributes)(void *attr, const void *p) {

@@ -93,11 +93,9 @@ pub fn serve_descriptor(
             name: session.clone(),
             addr: remote,
             length: 1 << 30,
-            rkey: Vec::new(),
-            lkey: Vec::new(),
+            ..BufferDesc::default()
         }],
-        devices: Vec::new(),
-        priority_matrix: Default::default(),
+        ..SegmentDesc::default()
     }
     .encode();
     let server = HandshakeServer::start(

@@ -105,12 +105,10 @@ impl Side {
                     name: self.name.clone(),
                     addr,
                     length,
-                    rkey: Vec::new(),
-                    lkey: Vec::new(),
+                    ..BufferDesc::default()
                 })
                 .collect(),
-            devices: Vec::new(),
-            priority_matrix: Default::default(),
+            ..SegmentDesc::default()
         };
         self.t.describe(&mut d);
         // What a peer sees: the encoded and decoded descriptor.

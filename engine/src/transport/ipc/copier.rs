@@ -1,0 +1,190 @@
+//! Copy threads: each owns one stream per device, takes a group of slices, issues one
+//! asynchronous device-to-device copy per slice, synchronises its stream and completes
+//! the group. Several threads keep several groups in flight.
+//!
+//! The memory contract: a slice is [`take`](Slice::take)n (its batch entered, its local
+//! region pinned) before its copy is issued, and finished only after the stream holding
+//! the copy is synchronised. A copy the device has started cannot be cut, so the
+//! [`Abort`] of these carriers does nothing: `cancel_and_drain` and `unregister_memory`
+//! wait until the stream's group is done — bounded by the time the copies take, not by
+//! a peer — and the slices not yet issued are skipped once their batch is canceled.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::imports::Mapping;
+use crate::device::ipc::IpcRuntime;
+use crate::device::Stream;
+use crate::error::TransferError;
+use crate::memory::Abort;
+use crate::transport::{Held, Slice};
+use crate::wire::tcp::OpCode;
+
+/// One slice, with where its remote range is mapped here.
+pub(super) struct Copy {
+    pub slice: Slice,
+    /// Address here of the slice's remote range.
+    pub remote: u64,
+    /// Kept open until the copy is done.
+    pub mapping: Arc<Mapping>,
+    /// The device whose stream issues the copy.
+    pub device: u32,
+    /// The peer, for error messages.
+    pub peer: String,
+}
+
+/// A device copy cannot be cut: see the module documentation.
+#[derive(Debug)]
+struct DeviceCopies;
+
+impl Abort for DeviceCopies {
+    fn abort(&self) {}
+}
+
+/// The copy threads; dropping it lets each finish its queue and joins them.
+pub(super) struct Copier {
+    queues: Vec<Sender<Vec<Copy>>>,
+    next: AtomicUsize,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Copier {
+    pub fn start(ipc: &Arc<IpcRuntime>, count: usize) -> Result<Self, std::io::Error> {
+        let mut queues = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..count.max(1) {
+            let (tx, rx) = crossbeam_channel::unbounded::<Vec<Copy>>();
+            let ipc = ipc.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("te-ipc-copy-{i}"))
+                    .spawn(move || run(&ipc, &rx))?,
+            );
+            queues.push(tx);
+        }
+        Ok(Self {
+            queues,
+            next: AtomicUsize::new(0),
+            threads,
+        })
+    }
+
+    /// Spreads `copies` over the threads in contiguous groups, one group per thread.
+    pub fn post(&self, mut copies: Vec<Copy>) {
+        let groups = self.queues.len().min(copies.len()).max(1);
+        let per = copies.len().div_ceil(groups);
+        while !copies.is_empty() {
+            let rest = copies.split_off(per.min(copies.len()));
+            let group = std::mem::replace(&mut copies, rest);
+            let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
+            if let Some(q) = self.queues.get(i) {
+                if let Err(e) = q.send(group) {
+                    for c in e.into_inner() {
+                        c.slice
+                            .finish(Err(TransferError::Canceled("the engine is shutting down")));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Copier {
+    fn drop(&mut self) {
+        self.queues.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
+    let carrier: Arc<dyn Abort> = Arc::new(DeviceCopies);
+    let mut streams: HashMap<u32, Stream> = HashMap::new();
+    let mut last_batch = 0u64;
+    let rt = ipc.runtime().clone();
+    while let Ok(group) = queue.recv() {
+        let mut issued: Vec<(Held, Arc<Mapping>, u32, String)> = Vec::with_capacity(group.len());
+        let mut failed: Vec<(Held, TransferError)> = Vec::new();
+        for c in group {
+            let Some(held) = c.slice.take(&carrier, &mut last_batch) else {
+                continue;
+            };
+            let stream = match stream_for(&rt, &mut streams, c.device) {
+                Ok(s) => s,
+                Err(e) => {
+                    failed.push((held, device_error(&c.peer, e.to_string())));
+                    continue;
+                }
+            };
+            let local = held.local_span();
+            let (dst, src) = match held.slice().op {
+                OpCode::Write => (c.remote as *mut u8, local.addr() as *const u8),
+                OpCode::Read => (local.addr() as *mut u8, c.remote as *const u8),
+            };
+            // SAFETY: the local range is pinned by `held` until it is finished below,
+            // after the stream is synchronised; the remote range lies inside the mapping
+            // (checked against the driver's size when it was resolved), kept open by
+            // `c.mapping` until then.
+            match unsafe { rt.copy_async(dst, src, local.len(), stream) } {
+                Ok(()) => issued.push((held, c.mapping, c.device, c.peer)),
+                Err(e) => failed.push((held, device_error(&c.peer, e.to_string()))),
+            }
+        }
+        // Every stream used by this group, synchronised once.
+        let mut results: HashMap<u32, Result<(), String>> = HashMap::new();
+        for (_, _, device, _) in &issued {
+            if !results.contains_key(device) {
+                let r = match streams.get(device) {
+                    Some(&s) => rt
+                        .set_device(*device)
+                        .and_then(|()| rt.stream_sync(s))
+                        .map_err(|e| e.to_string()),
+                    None => Err("no stream".into()),
+                };
+                results.insert(*device, r);
+            }
+        }
+        for (held, mapping, device, peer) in issued {
+            let r = match results.get(&device) {
+                Some(Ok(())) => Ok(()),
+                Some(Err(e)) => Err(device_error(&peer, e.clone())),
+                None => Err(device_error(&peer, "not synchronised".into())),
+            };
+            held.finish(r);
+            drop(mapping);
+        }
+        for (held, e) in failed {
+            held.finish(Err(e));
+        }
+    }
+    for (device, s) in streams {
+        if rt.set_device(device).is_ok() {
+            rt.stream_destroy(s);
+        }
+    }
+}
+
+fn stream_for(
+    rt: &crate::device::Runtime,
+    streams: &mut HashMap<u32, Stream>,
+    device: u32,
+) -> Result<Stream, crate::device::DeviceError> {
+    rt.set_device(device)?;
+    if let Some(&s) = streams.get(&device) {
+        return Ok(s);
+    }
+    let s = rt.stream_create()?;
+    streams.insert(device, s);
+    Ok(s)
+}
+
+fn device_error(peer: &str, reason: String) -> TransferError {
+    TransferError::PeerGone {
+        peer: peer.to_string(),
+        reason: format!("device copy over IPC failed: {reason}"),
+    }
+}

@@ -1,0 +1,150 @@
+//! Handles of local device memory, as peers receive them: one runtime IPC handle per
+//! allocation (a handle names the whole allocation the driver made, so tensors a
+//! caching allocator packed into one allocation share it), and per registered region
+//! the offset of its start inside that allocation.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::device::ipc::IpcRuntime;
+use crate::memory::Region;
+use crate::wire::descriptor::SegmentDesc;
+
+/// What a registered device region advertises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Export {
+    /// `shm_name`: the handle in upstream's hex.
+    pub shm_name: String,
+    /// Offset of the region's start inside the allocation.
+    pub offset: u64,
+    /// Base of the allocation (key of the handle cache).
+    pub base: u64,
+    /// The region's location (`cuda:0`), the buffer name of IPC descriptors.
+    pub location: String,
+}
+
+#[derive(Default)]
+struct Tables {
+    /// Registered region start -> its export.
+    regions: HashMap<u64, Export>,
+    /// Allocation base -> (handle hex, regions using it).
+    handles: HashMap<u64, (String, usize)>,
+}
+
+/// The exports of this engine.
+pub(super) struct Exports {
+    ipc: Arc<IpcRuntime>,
+    tables: Mutex<Tables>,
+}
+
+impl Exports {
+    pub fn new(ipc: Arc<IpcRuntime>) -> Self {
+        Self {
+            ipc,
+            tables: Mutex::new(Tables::default()),
+        }
+    }
+
+    /// Exports a device region of this runtime's vendor; host memory and memory the
+    /// runtime cannot share are left to the other transports (the reason is logged).
+    pub fn add(&self, region: &Arc<Region>) {
+        let Some((vendor, device)) = region.device else {
+            return;
+        };
+        if vendor != self.ipc.runtime().vendor() {
+            return;
+        }
+        match self.export(region, device) {
+            Ok(export) => {
+                tracing::debug!(
+                    "{} at {:#x}+{} exported for same-host IPC (allocation {:#x}, offset {})",
+                    region.location,
+                    region.addr,
+                    region.len,
+                    export.base,
+                    export.offset
+                );
+                self.tables.lock().regions.insert(region.addr, export);
+            }
+            Err(why) => tracing::warn!(
+                "{} memory at {:#x}+{} is not shared over IPC: {why}; peers on this host reach it over TCP",
+                region.location,
+                region.addr,
+                region.len
+            ),
+        }
+    }
+
+    fn export(&self, region: &Region, device: u32) -> Result<Export, String> {
+        let (base, size) = self
+            .ipc
+            .on_device(device, || Ok(self.ipc.allocation_range(region.addr)))
+            .map_err(|e| e.to_string())??;
+        let offset = region.addr - base;
+        if offset.checked_add(region.len).is_none_or(|end| end > size) {
+            return Err(format!(
+                "the region runs past its allocation ({base:#x}+{size}); register it in pieces, one per allocation"
+            ));
+        }
+        let mut tables = self.tables.lock();
+        let shm_name = match tables.handles.get_mut(&base) {
+            Some((hex, users)) => {
+                *users += 1;
+                hex.clone()
+            }
+            None => {
+                let handle = self
+                    .ipc
+                    .on_device(device, || self.ipc.get_handle(base))
+                    .map_err(|e| {
+                        format!(
+                            "{e} (memory from the virtual-memory API, cuMemCreate/cuMemMap as in PyTorch's expandable segments, is refused by the legacy IPC call)"
+                        )
+                    })?;
+                let hex = handle.to_hex();
+                tables.handles.insert(base, (hex.clone(), 1));
+                hex
+            }
+        };
+        Ok(Export {
+            shm_name,
+            offset,
+            base,
+            location: region.location.clone(),
+        })
+    }
+
+    /// Forgets an unregistered region; the handle of its allocation goes with its last user.
+    pub fn remove(&self, region: &Region) {
+        let mut tables = self.tables.lock();
+        let Some(export) = tables.regions.remove(&region.addr) else {
+            return;
+        };
+        if let Some((_, users)) = tables.handles.get_mut(&export.base) {
+            *users -= 1;
+            if *users == 0 {
+                tables.handles.remove(&export.base);
+            }
+        }
+    }
+
+    /// Adds `shm_name`, `shm_offset` and the location to the exported buffers of `desc`.
+    pub fn describe(&self, desc: &mut SegmentDesc) {
+        let tables = self.tables.lock();
+        for b in &mut desc.buffers {
+            if let Some(e) = tables.regions.get(&b.addr) {
+                b.name = e.location.clone();
+                b.shm_name = Some(e.shm_name.clone());
+                b.shm_offset = Some(e.offset);
+            }
+        }
+    }
+
+    /// Regions exported and distinct allocation handles, for the decision summary.
+    pub fn counts(&self) -> (usize, usize) {
+        let t = self.tables.lock();
+        (t.regions.len(), t.handles.len())
+    }
+}

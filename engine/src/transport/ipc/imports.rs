@@ -1,0 +1,229 @@
+//! Peers' device memory mapped into this process: each handle a peer advertises is
+//! opened once and cached (a peer's tensors that share an allocation share one mapping),
+//! and closed when the peer's descriptor no longer lists it, when the peer's process is
+//! gone, or at shutdown. Copies in flight hold their mapping, so a close waits for them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::device::ipc::{IpcHandle, IpcRuntime};
+use crate::wire::descriptor::{BufferDesc, SegmentDesc};
+
+/// A peer allocation mapped here; unmapped when the last holder drops it.
+pub(super) struct Mapping {
+    ipc: Arc<IpcRuntime>,
+    /// Base of the mapping in this process.
+    pub base: u64,
+    /// Its size, as the driver reports it (bounds every advertised offset).
+    pub size: u64,
+    device: u32,
+    closes: Arc<AtomicU64>,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        let ipc = self.ipc.clone();
+        let base = self.base;
+        if let Err(e) = ipc.on_device(self.device, || ipc.close(base)) {
+            tracing::warn!("closing the IPC mapping at {base:#x}: {e}");
+        }
+        self.closes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What a peer's handle gave: a mapping, or why it cannot be used (not retried until
+/// the peer's descriptor changes).
+type Opened = Result<Arc<Mapping>, String>;
+
+struct PeerMaps {
+    /// The descriptor the maps were checked against (address and timestamp).
+    seen: (usize, String),
+    pid: Option<u32>,
+    pid_ns: Option<String>,
+    host_id: Option<String>,
+    maps: HashMap<String, Opened>,
+}
+
+/// Mappings per peer segment.
+pub(super) struct Imports {
+    ipc: Arc<IpcRuntime>,
+    peers: Mutex<HashMap<String, PeerMaps>>,
+    opens: AtomicU64,
+    closes: Arc<AtomicU64>,
+}
+
+/// Where a remote range is mapped here.
+pub(super) struct Target {
+    /// The mapping (held while the copy runs).
+    pub mapping: Arc<Mapping>,
+    /// Address here of the remote buffer's first byte.
+    pub buffer_base: u64,
+}
+
+impl Imports {
+    pub fn new(ipc: Arc<IpcRuntime>) -> Self {
+        Self {
+            ipc,
+            peers: Mutex::new(HashMap::new()),
+            opens: AtomicU64::new(0),
+            closes: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The mapping of `buffer` of `peer` (opened on `device` on first use), or why none.
+    pub fn resolve(
+        &self,
+        peer: &SegmentDesc,
+        buffer: &BufferDesc,
+        device: u32,
+    ) -> Result<Target, String> {
+        let Some(shm) = buffer.shm_name.as_deref() else {
+            return Err(
+                "the buffer has no IPC handle (host memory, or memory the peer could not export)"
+                    .into(),
+            );
+        };
+        let mut peers = self.peers.lock();
+        let at = peer as *const SegmentDesc as usize;
+        if !peers.contains_key(&peer.name) {
+            peers.insert(
+                peer.name.clone(),
+                PeerMaps {
+                    seen: (at, peer.timestamp.clone()),
+                    pid: peer.pid,
+                    pid_ns: peer.pid_ns.clone(),
+                    host_id: peer.host_id.clone(),
+                    maps: HashMap::new(),
+                },
+            );
+        }
+        let Some(entry) = peers.get_mut(&peer.name) else {
+            return Err("internal: peer entry missing".into());
+        };
+        if entry.seen.0 != at || entry.seen.1 != peer.timestamp {
+            // A new descriptor: close what it no longer lists; a restarted peer (new
+            // process) shares nothing with the old one.
+            let restarted = entry.pid != peer.pid || entry.host_id != peer.host_id;
+            let listed: std::collections::HashSet<&str> = peer
+                .buffers
+                .iter()
+                .filter_map(|b| b.shm_name.as_deref())
+                .collect();
+            entry
+                .maps
+                .retain(|k, _| !restarted && listed.contains(k.as_str()));
+            entry.seen = (at, peer.timestamp.clone());
+            entry.pid = peer.pid;
+            entry.pid_ns = peer.pid_ns.clone();
+            entry.host_id = peer.host_id.clone();
+        }
+        let opened = match entry.maps.get(shm) {
+            Some(o) => o.clone(),
+            None => {
+                let o = self.open(shm, device);
+                entry.maps.insert(shm.to_string(), o.clone());
+                o
+            }
+        };
+        drop(peers);
+        let mapping = opened?;
+        let offset = buffer.shm_offset.unwrap_or(0);
+        match offset.checked_add(buffer.length) {
+            Some(end) if end <= mapping.size => Ok(Target {
+                buffer_base: mapping.base + offset,
+                mapping,
+            }),
+            _ => Err(format!(
+                "the buffer ({} bytes at offset {offset}) does not fit the {}-byte allocation its handle maps",
+                buffer.length, mapping.size
+            )),
+        }
+    }
+
+    fn open(&self, shm: &str, device: u32) -> Opened {
+        let handle = IpcHandle::from_hex(shm).ok_or_else(|| {
+            format!(
+                "shm_name is not a {}-byte IPC handle in hex ({} characters)",
+                crate::device::ipc::IPC_HANDLE_BYTES,
+                shm.len()
+            )
+        })?;
+        let ipc = &self.ipc;
+        let base = ipc
+            .on_device(device, || ipc.open(handle))
+            .map_err(|e| e.to_string())?;
+        self.opens.fetch_add(1, Ordering::Relaxed);
+        let mapping = Arc::new(Mapping {
+            ipc: ipc.clone(),
+            base,
+            size: 0,
+            device,
+            closes: self.closes.clone(),
+        });
+        let size = match ipc.on_device(device, || Ok(ipc.allocation_range(base))) {
+            Ok(Ok((b, size))) if b == base => size,
+            Ok(Ok((b, _))) => {
+                return Err(format!(
+                    "the driver places the opened handle at {b:#x}, not at its base {base:#x}"
+                ))
+            }
+            Ok(Err(e)) => return Err(format!("the size of the opened allocation is unknown: {e}")),
+            Err(e) => return Err(e.to_string()),
+        };
+        // `mapping` (size 0) closes the handle if anything above failed.
+        let Ok(mut m) = Arc::try_unwrap(mapping) else {
+            return Err("internal: the new mapping is shared".into());
+        };
+        m.size = size;
+        Ok(Arc::new(m))
+    }
+
+    /// Drops the mappings of `segment` (closed once copies in flight let go).
+    pub fn forget(&self, segment: &str) {
+        let gone = self.peers.lock().remove(segment);
+        drop(gone);
+    }
+
+    /// Drops the mappings of peers `gone` says have exited.
+    pub fn forget_gone(&self, gone: impl Fn(Option<u32>, Option<&str>, Option<&str>) -> bool) {
+        let removed: Vec<PeerMaps> = {
+            let mut peers = self.peers.lock();
+            let names: Vec<String> = peers
+                .iter()
+                .filter(|(_, p)| gone(p.pid, p.pid_ns.as_deref(), p.host_id.as_deref()))
+                .map(|(n, _)| n.clone())
+                .collect();
+            names.iter().filter_map(|n| peers.remove(n)).collect()
+        };
+        if !removed.is_empty() {
+            tracing::info!(
+                "closing the IPC mappings of {} peer(s) whose process exited",
+                removed.len()
+            );
+        }
+    }
+
+    /// Drops every mapping.
+    pub fn clear(&self) {
+        let all = std::mem::take(&mut *self.peers.lock());
+        drop(all);
+    }
+
+    /// (handles opened, mappings closed, mappings cached now) since start.
+    pub fn counts(&self) -> (u64, u64, usize) {
+        let cached = self
+            .peers
+            .lock()
+            .values()
+            .map(|p| p.maps.values().filter(|m| m.is_ok()).count())
+            .sum();
+        (
+            self.opens.load(Ordering::Relaxed),
+            self.closes.load(Ordering::Relaxed),
+            cached,
+        )
+    }
+}

@@ -1,0 +1,361 @@
+//! Same-host GPU to GPU through the runtime's IPC handles: protocol `nvlink_intra` with
+//! CUDA, `musa` with MUSA (upstream's names), over NVLink / MTLink where the GPUs have it.
+//!
+//! Serving side: every registered device region gets the IPC handle of the allocation
+//! holding it ([`exports`]), advertised per buffer as `shm_name` (upper-case hex of the
+//! 64-byte handle, upstream's encoding) with `shm_offset`, the region's offset inside
+//! that allocation (ours; upstream peers ignore it and assume 0). The descriptor also
+//! carries `host_id` (the kernel's boot id), `pid` and `pid_ns`, so that a peer on
+//! another host never opens a handle, and a peer on this one notices when we exit.
+//!
+//! Initiating side: a request whose local and remote memory are both device memory,
+//! to a peer on this host, is taken by this transport ([`Transport::takes`]) even when
+//! the peer's protocol is `tcp` or `rdma`, unless `MC_DISABLE_IPC=1`. Upstream peers
+//! send no `host_id`: they are taken only when their protocol is the IPC protocol
+//! (which upstream only serves within a node). The peer's handle is opened once
+//! ([`imports`]) and the slices are copied device to device on streams ([`copier`]).
+//! A handle that cannot be opened sends that buffer's requests back to TCP, logged
+//! once with the reason.
+
+mod copier;
+mod exports;
+mod host;
+mod imports;
+mod settings;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+pub use settings::IpcSettings;
+
+use super::{Slice, Transport, TransportError};
+use crate::config::Config;
+use crate::device::ipc::IpcRuntime;
+use crate::device::Vendor;
+use crate::error::TransferError;
+use crate::memory::{MemoryRegistry, Region};
+use crate::wire::descriptor::{BufferDesc, SegmentDesc};
+use crate::wire::session::SegmentId;
+use copier::{Copier, Copy};
+use exports::Exports;
+use host::HostIdentity;
+use imports::Imports;
+
+/// Protocol name of the CUDA IPC transport (upstream's).
+pub const PROTOCOL_CUDA: &str = "nvlink_intra";
+/// Protocol name of the MUSA IPC transport (upstream's).
+pub const PROTOCOL_MUSA: &str = "musa";
+
+/// Kinds of per-peer decisions, logged once each time they change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decision {
+    HostBuffer,
+    Declined,
+    PeerGone,
+    Ipc,
+    Unmappable,
+}
+
+/// The IPC transport.
+pub struct IpcTransport {
+    ipc: Arc<IpcRuntime>,
+    protocol: &'static str,
+    settings: IpcSettings,
+    host: HostIdentity,
+    exports: Exports,
+    imports: Imports,
+    /// Per peer, the kind of the last decision logged (so each is logged once).
+    decisions: Mutex<HashMap<String, Decision>>,
+    // Last: joined after the tables above are no longer needed by new work.
+    copier: Copier,
+}
+
+impl IpcTransport {
+    /// Starts the transport when a GPU runtime with devices and IPC calls is loaded;
+    /// otherwise says why it is unavailable.
+    pub fn start(_memory: Arc<MemoryRegistry>, _config: &Config) -> Result<Self, String> {
+        let rt = crate::device::runtime().map_err(|e| e.to_string())?;
+        if rt.device_count() == 0 {
+            return Err(format!(
+                "the {} runtime {} reports no devices",
+                rt.vendor(),
+                rt.path()
+            ));
+        }
+        let env = |k: &str| std::env::var(k).ok();
+        let settings = IpcSettings::from_env(rt.vendor(), &env)?;
+        let ipc = Arc::new(
+            IpcRuntime::load(rt.clone())
+                .map_err(|e| format!("{} has no IPC calls: {e}", rt.path()))?,
+        );
+        let host = HostIdentity::local(settings.host_id.clone())?;
+        let copier = Copier::start(&ipc, settings.copy_threads)
+            .map_err(|e| format!("cannot start copy threads: {e}"))?;
+        let protocol = match rt.vendor() {
+            Vendor::Cuda => PROTOCOL_CUDA,
+            Vendor::Musa => PROTOCOL_MUSA,
+        };
+        let t = Self {
+            exports: Exports::new(ipc.clone()),
+            imports: Imports::new(ipc.clone()),
+            ipc,
+            protocol,
+            settings,
+            host,
+            decisions: Mutex::new(HashMap::new()),
+            copier,
+        };
+        tracing::info!("{}", t.describe_decision());
+        Ok(t)
+    }
+
+    /// Whether the segment advertises the IPC protocol itself (`MC_INTRANODE_NVLINK`,
+    /// `MC_FORCE_MUSA`): then its descriptor says `protocol: "nvlink_intra"` / `"musa"`.
+    pub fn advertises_protocol(&self) -> bool {
+        self.settings.forced
+    }
+
+    /// One line for logs and the topology dump: what this transport does and has done.
+    pub fn describe_decision(&self) -> String {
+        let (regions, handles) = self.exports.counts();
+        let (opens, closes, cached) = self.imports.counts();
+        let driver = self
+            .ipc
+            .driver_path()
+            .unwrap_or("none: device regions are not exported");
+        format!(
+            "{protocol}: {vendor} IPC on {n} device(s) ({rt}; allocation ranges from {driver}); \
+             same-host device-to-device requests {auto}; advertised protocol {adv}; host id {host}; \
+             {regions} region(s) exported in {handles} handle(s); {opens} peer handle(s) opened, \
+             {closes} closed, {cached} open now; slices of {slice} bytes on {threads} copy thread(s)",
+            protocol = self.protocol,
+            vendor = self.ipc.runtime().vendor(),
+            n = self.ipc.runtime().device_count(),
+            rt = self.ipc.runtime().path(),
+            auto = if self.settings.auto {
+                "go over IPC whatever the peer's protocol (MC_DISABLE_IPC=1 turns this off)"
+            } else {
+                "go over IPC only to peers whose protocol is this one (MC_DISABLE_IPC=1)"
+            },
+            adv = if self.settings.forced {
+                self.protocol
+            } else {
+                "unchanged (MC_INTRANODE_NVLINK / MC_FORCE_MUSA unset)"
+            },
+            host = self.host.host_id,
+            slice = self.settings.slice_size,
+            threads = self.settings.copy_threads,
+        )
+    }
+
+    /// Why a request to `peer` is not taken, or `None` if this transport takes it.
+    fn decline(&self, peer: &SegmentDesc, local_device: Option<u32>) -> Option<&'static str> {
+        if local_device.is_none() {
+            return Some("the local memory is host memory");
+        }
+        let speaks_ipc = peer.protocol.iter().any(|p| p == self.protocol);
+        match self.host.same_host(peer) {
+            Some(false) => return Some("the peer runs on another host"),
+            None if !speaks_ipc => {
+                return Some("the peer does not say which host it runs on (an upstream peer of protocol tcp/rdma)")
+            }
+            _ => {}
+        }
+        if !speaks_ipc && !self.settings.auto {
+            return Some("MC_DISABLE_IPC=1");
+        }
+        None
+    }
+
+    /// Logs `text` when the decision for `peer` changes kind (the text is built then only).
+    fn note(&self, peer: &SegmentDesc, kind: Decision, text: impl FnOnce() -> String) {
+        let mut seen = self.decisions.lock();
+        if seen.get(peer.name.as_str()) != Some(&kind) {
+            tracing::info!("segment {}: {}", peer.name, text());
+            seen.insert(peer.name.clone(), kind);
+        }
+    }
+
+    fn open_device(&self, remote: &BufferDesc, local_device: u32) -> u32 {
+        if self.settings.open_on_buffer_device {
+            if let Some((_, d)) = Vendor::parse_location(&remote.name) {
+                if d < self.ipc.runtime().device_count() {
+                    return d;
+                }
+            }
+        }
+        local_device
+    }
+}
+
+impl Transport for IpcTransport {
+    fn protocol(&self) -> &'static str {
+        self.protocol
+    }
+
+    fn describe(&self, desc: &mut SegmentDesc) {
+        self.exports.describe(desc);
+        self.host.describe(desc);
+        if self.settings.forced {
+            desc.protocol = vec![self.protocol.to_string()];
+        }
+    }
+
+    fn reaches(&self, peer: &SegmentDesc) -> bool {
+        peer.protocol.iter().any(|p| p == self.protocol) && self.host.same_host(peer) != Some(false)
+    }
+
+    fn takes(&self, peer: &SegmentDesc, local_device: Option<u32>, remote: &BufferDesc) -> bool {
+        if remote.shm_name.is_none() {
+            if local_device.is_some() && self.host.same_host(peer) == Some(true) {
+                self.note(peer, Decision::HostBuffer, || {
+                    format!(
+                        "device requests to its host memory at {:#x} go over TCP",
+                        remote.addr
+                    )
+                });
+            }
+            return false;
+        }
+        if let Some(why) = self.decline(peer, local_device) {
+            if local_device.is_some() {
+                self.note(peer, Decision::Declined, || {
+                    format!(
+                        "device-to-device requests go over its protocol {:?}, not {}: {why}",
+                        peer.protocol, self.protocol
+                    )
+                });
+            }
+            return false;
+        }
+        if self.host.peer_gone(peer) {
+            self.imports.forget(&peer.name);
+            self.note(peer, Decision::PeerGone, || {
+                "its process has exited; its IPC mappings are closed".into()
+            });
+            return false;
+        }
+        let device = local_device.unwrap_or(0);
+        match self
+            .imports
+            .resolve(peer, remote, self.open_device(remote, device))
+        {
+            Ok(_) => {
+                self.note(peer, Decision::Ipc, || {
+                    format!(
+                        "device-to-device requests go over {} (same host)",
+                        self.protocol
+                    )
+                });
+                true
+            }
+            Err(why) => {
+                self.note(peer, Decision::Unmappable, || {
+                    format!(
+                        "buffer {:#x} cannot be mapped over {} ({why}); its requests go over TCP",
+                        remote.addr, self.protocol
+                    )
+                });
+                false
+            }
+        }
+    }
+
+    fn unreachable(&self, _segment: &SegmentId, peer: &SegmentDesc) -> Option<String> {
+        self.host
+            .peer_gone(peer)
+            .then(|| "its process has exited".to_string())
+    }
+
+    fn slice_size(&self) -> u64 {
+        self.settings.slice_size
+    }
+
+    fn post(
+        &self,
+        segment: &SegmentId,
+        peer: &SegmentDesc,
+        slices: Vec<Slice>,
+    ) -> Result<(), TransportError> {
+        let mut copies = Vec::with_capacity(slices.len());
+        for s in slices {
+            let Some(buffer) = peer.find_buffer(s.remote, s.len) else {
+                let (peer_name, addr, len) = (segment.to_string(), s.remote, s.len);
+                s.finish(Err(TransferError::AddressRejected {
+                    peer: peer_name,
+                    addr,
+                    len,
+                }));
+                continue;
+            };
+            let Some(device) = s.local_device else {
+                let reason = format!(
+                    "{} moves device memory only; this request's local memory is host memory (use protocol tcp for host memory)",
+                    self.protocol
+                );
+                s.finish(Err(TransferError::PeerUnreachable {
+                    peer: segment.to_string(),
+                    reason,
+                }));
+                continue;
+            };
+            match self
+                .imports
+                .resolve(peer, buffer, self.open_device(buffer, device))
+            {
+                Ok(target) => {
+                    let remote = target.buffer_base + (s.remote - buffer.addr);
+                    copies.push(Copy {
+                        slice: s,
+                        remote,
+                        mapping: target.mapping,
+                        device,
+                        peer: segment.to_string(),
+                    });
+                }
+                Err(reason) => s.finish(Err(TransferError::PeerUnreachable {
+                    peer: segment.to_string(),
+                    reason: format!("{}: {reason}", self.protocol),
+                })),
+            }
+        }
+        if !copies.is_empty() {
+            self.copier.post(copies);
+        }
+        Ok(())
+    }
+
+    fn evict_idle(&self) {
+        let host = &self.host;
+        self.imports.forget_gone(|pid, pid_ns, host_id| {
+            host.peer_gone(&SegmentDesc {
+                pid,
+                pid_ns: pid_ns.map(str::to_string),
+                host_id: host_id.map(str::to_string),
+                ..SegmentDesc::default()
+            })
+        });
+    }
+
+    fn on_register(&self, region: &Arc<Region>) -> Result<(), TransportError> {
+        self.exports.add(region);
+        Ok(())
+    }
+
+    fn on_unregister(&self, region: &Arc<Region>) {
+        self.exports.remove(region);
+    }
+
+    fn decision(&self) -> Option<String> {
+        Some(self.describe_decision())
+    }
+}
+
+impl Drop for IpcTransport {
+    fn drop(&mut self) {
+        // Mappings close once the copy threads (dropped after this) release theirs.
+        self.imports.clear();
+    }
+}

@@ -1,0 +1,513 @@
+//! Same-host GPU IPC between processes under the FAKE GPU runtime (fake_gpu/fake_runtime.c:
+//! "device" memory is a memfd another process maps through the fake IPC handle). The peer
+//! is this test binary run again with `TE_IPC_PEER` set; it registers device memory
+//! inside larger allocations (as PyTorch's caching allocator hands out tensors), host
+//! memory, and answers `hash`, `unregister` and `exit` on stdin.
+
+#![allow(dead_code)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test support: a panic here is the calling test's failure report"
+)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use transfer_engine::device::{self, Vendor};
+use transfer_engine::{Config, OpCode, Request, TransferEngine};
+
+use crate::fake_gpu::{device_buffer, device_bytes, install_fake, pattern};
+
+/// Engines read the IPC variables when they start: tests that set them hold this.
+pub static ENV: Mutex<()> = Mutex::new(());
+
+/// Offset of the peer's first device region inside its allocation.
+pub const OFFSET: u64 = 64 << 10;
+/// Bytes of each peer region.
+pub const LEN: u64 = (3 << 20) + 12345;
+
+pub fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// The peer process and the addresses of its regions: `a` and `b` share one
+/// allocation (`a` at [`OFFSET`]), `c` is a second allocation, `host` is host memory.
+pub struct IpcPeer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    pub session: String,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub host: u64,
+}
+
+impl IpcPeer {
+    /// Starts a peer whose regions hold `pattern(LEN, seed + i)`; `env` is set for it only.
+    #[allow(clippy::zombie_processes)] // waited for in `Drop`
+    pub fn spawn(seed: u64, env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "ipc_peer_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TE_IPC_PEER", seed.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("peer process starts");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                stdout.read_line(&mut line).unwrap() > 0,
+                "peer exited before it was ready"
+            );
+            if let Some(rest) = line.split_once("IPCPEER ").map(|(_, r)| r) {
+                let v: Vec<&str> = rest.split_whitespace().collect();
+                return Self {
+                    child,
+                    stdin,
+                    stdout,
+                    session: v[0].to_string(),
+                    a: v[1].parse().unwrap(),
+                    b: v[2].parse().unwrap(),
+                    c: v[3].parse().unwrap(),
+                    host: v[4].parse().unwrap(),
+                };
+            }
+        }
+    }
+
+    fn ask(&mut self, cmd: &str, answer: &str) -> String {
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "peer died");
+            if let Some(h) = line.split_once(answer).map(|(_, r)| r) {
+                return h.trim().to_string();
+            }
+        }
+    }
+
+    /// FNV of the peer's bytes at `addr` (device or host).
+    pub fn hash(&mut self, addr: u64, len: u64) -> u64 {
+        self.ask(&format!("hash {addr} {len}"), "HASH ")
+            .parse()
+            .unwrap()
+    }
+
+    /// Unregisters the peer's region at `addr`.
+    pub fn unregister(&mut self, addr: u64) {
+        self.ask(&format!("unregister {addr}"), "UNREGISTERED");
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for IpcPeer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Body of the peer process; returns at once unless `TE_IPC_PEER` is set.
+pub fn peer_main() {
+    let Ok(seed) = std::env::var("TE_IPC_PEER") else {
+        return;
+    };
+    let seed: u64 = seed.parse().unwrap();
+    // The parent set MC_GPU_RUNTIME and the fake's path; building it again here would
+    // rewrite a library the parent has mapped.
+    let rt = device::runtime().unwrap();
+    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    rt.set_device(0).unwrap();
+    // One allocation holding two regions (a caching allocator's block), and another.
+    let big = rt.malloc((OFFSET + 2 * LEN + 8192) as usize).unwrap();
+    let a = big + OFFSET;
+    let b = a + LEN + 4096;
+    let c = device_buffer(0, &pattern(LEN as usize, seed + 2));
+    let fill = |addr: u64, data: &[u8]| {
+        // SAFETY: inside the allocation above.
+        unsafe { rt.copy(addr as *mut u8, data.as_ptr(), data.len()) }.unwrap();
+    };
+    fill(a, &pattern(LEN as usize, seed));
+    fill(b, &pattern(LEN as usize, seed + 1));
+    let host = transfer_engine::HostBuffer::new(LEN as usize);
+    host.write_at(0, &pattern(LEN as usize, seed + 3)).unwrap();
+    for addr in [a, b, c] {
+        e.register_memory(addr, LEN, "*").unwrap();
+    }
+    e.register_memory(host.addr(), LEN, "cpu:0").unwrap();
+    let mut out = std::io::stdout();
+    writeln!(
+        out,
+        "IPCPEER {} {a} {b} {c} {}",
+        e.session_id(),
+        host.addr()
+    )
+    .unwrap();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let v: Vec<&str> = line.split_whitespace().collect();
+        match v.first().copied() {
+            Some("hash") => {
+                let (addr, len): (u64, u64) = (v[1].parse().unwrap(), v[2].parse().unwrap());
+                let bytes = if addr == host.addr() {
+                    host.read_at(0, len as usize).unwrap()
+                } else {
+                    device_bytes(addr, len as usize)
+                };
+                writeln!(out, "HASH {}", fnv(&bytes)).unwrap();
+            }
+            Some("unregister") => {
+                e.unregister_memory(v[1].parse().unwrap()).unwrap();
+                writeln!(out, "UNREGISTERED").unwrap();
+            }
+            _ => break,
+        }
+    }
+    std::process::exit(0);
+}
+
+fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// The test functions of one vendor's binary: the peer entry point and every scenario.
+#[macro_export]
+macro_rules! ipc_tests {
+    ($vendor:expr) => {
+        #[test]
+        fn ipc_peer_process() {
+            if std::env::var("TE_IPC_PEER").is_ok() {
+                ipc_support::peer_main();
+            }
+        }
+
+        #[test]
+        fn device_to_device_goes_over_ipc_with_one_open_per_allocation() {
+            ipc_support::device_to_device_goes_over_ipc($vendor);
+        }
+
+        #[test]
+        fn host_memory_and_mixes_use_tcp() {
+            ipc_support::host_memory_and_mixes_use_tcp($vendor);
+        }
+
+        #[test]
+        fn disabled_or_other_host_use_tcp() {
+            ipc_support::disabled_or_other_host_use_tcp($vendor);
+        }
+
+        #[test]
+        fn a_peer_advertising_the_ipc_protocol_serves_device_memory_only() {
+            ipc_support::peer_advertising_the_ipc_protocol($vendor);
+        }
+
+        #[test]
+        fn mappings_close_on_unregister_and_peer_exit() {
+            ipc_support::mappings_close_on_unregister_and_peer_exit($vendor);
+        }
+    };
+}
+
+/// An engine started with `env` set (under [`ENV`]).
+pub fn engine_with(env: &[(&str, &str)]) -> TransferEngine {
+    let _g = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    for (k, v) in env {
+        // SAFETY (edition 2021: set_var is safe): engines start under ENV only.
+        std::env::set_var(k, v);
+    }
+    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    for (k, _) in env {
+        std::env::remove_var(k);
+    }
+    e
+}
+
+/// (opened, closed, open now) from the IPC transport's decision line.
+pub fn ipc_counts(e: &TransferEngine) -> (u64, u64, u64) {
+    let line = e
+        .transport_decisions()
+        .into_iter()
+        .find(|(p, _)| *p == "nvlink_intra" || *p == "musa")
+        .expect("the IPC transport runs")
+        .1;
+    let num = |suffix: &str| -> u64 {
+        let i = line
+            .find(suffix)
+            .unwrap_or_else(|| panic!("{suffix:?} in {line}"));
+        line[..i].rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    (
+        num(" peer handle(s) opened"),
+        num(" closed"),
+        num(" open now"),
+    )
+}
+
+pub fn sync(e: &TransferEngine, seg: &str, reqs: &[Request]) {
+    // SAFETY: every local buffer of the requests is test-owned and outlives the call.
+    unsafe { e.transfer_sync(seg, reqs) }.unwrap();
+}
+
+/// Device to device both ways with a same-host peer: bytes verified, one handle opened
+/// for the two regions sharing an allocation over many requests, the descriptor fields.
+pub fn device_to_device_goes_over_ipc(vendor: Vendor) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(11, &[]);
+    let e = engine_with(&[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    // Descriptor: shm_name (upstream hex of 64 bytes), our offset, location, host id.
+    let bufs = e.segment_buffers(&seg).unwrap();
+    let a = bufs.iter().find(|b| b.addr == peer.a).unwrap();
+    let shm = a.shm_name.clone().expect("device buffers carry shm_name");
+    assert_eq!(shm.len(), 128);
+    assert!(
+        shm.chars()
+            .all(|c| c.is_ascii_digit() || ('A'..='F').contains(&c)),
+        "{shm}"
+    );
+    assert_eq!(a.shm_offset, Some(OFFSET));
+    assert_eq!(a.name, format!("{}:0", vendor.prefix()));
+    let b = bufs.iter().find(|x| x.addr == peer.b).unwrap();
+    assert_eq!(
+        b.shm_name.as_deref(),
+        Some(shm.as_str()),
+        "one allocation, one handle"
+    );
+    assert_eq!(b.shm_offset, Some(OFFSET + LEN + 4096));
+    let host = bufs.iter().find(|x| x.addr == peer.host).unwrap();
+    assert_eq!(host.shm_name, None);
+
+    // Read a and b into local device memory (registered and not).
+    let local = device_buffer(1, &vec![0u8; 2 * len]);
+    e.register_memory(local, 2 * LEN, "*").unwrap();
+    sync(
+        &e,
+        &seg,
+        &[
+            Request::new(OpCode::Read, local, peer.a, LEN),
+            Request::new(OpCode::Read, local + LEN, peer.b, LEN),
+        ],
+    );
+    assert!(
+        device_bytes(local, len) == pattern(len, 11),
+        "read of a differs"
+    );
+    assert!(
+        device_bytes(local + LEN, len) == pattern(len, 12),
+        "read of b differs"
+    );
+    let loose = device_buffer(0, &vec![0u8; len]);
+    sync(&e, &seg, &[Request::new(OpCode::Read, loose, peer.c, LEN)]);
+    assert!(
+        device_bytes(loose, len) == pattern(len, 13),
+        "read of c differs"
+    );
+    assert_eq!(ipc_counts(&e).0, 2, "one handle per peer allocation");
+
+    // Writes, many small requests: no new opens.
+    let data = pattern(len, 99);
+    let src = device_buffer(1, &data);
+    let chunk = 64 << 10;
+    let mut reqs = Vec::new();
+    let mut off = 0;
+    while off < LEN {
+        let n = chunk.min(LEN - off);
+        reqs.push(Request::new(OpCode::Write, src + off, peer.a + off, n));
+        off += n;
+    }
+    for _ in 0..5 {
+        sync(&e, &seg, &reqs);
+    }
+    assert_eq!(peer.hash(peer.a, LEN), fnv(&data), "written bytes differ");
+    assert_eq!(
+        peer.hash(peer.b, LEN),
+        fnv(&pattern(len, 12)),
+        "neighbour changed"
+    );
+    let (opened, closed, open) = ipc_counts(&e);
+    assert_eq!(
+        (opened, closed, open),
+        (2, 0, 2),
+        "handles cached over many requests"
+    );
+}
+
+/// Host memory on either side keeps the TCP path, and works.
+pub fn host_memory_and_mixes_use_tcp(vendor: Vendor) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(21, &[]);
+    let e = engine_with(&[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    // Device here -> host there, and back.
+    let data = pattern(len, 5);
+    let src = device_buffer(0, &data);
+    sync(
+        &e,
+        &seg,
+        &[Request::new(OpCode::Write, src, peer.host, LEN)],
+    );
+    assert_eq!(peer.hash(peer.host, LEN), fnv(&data));
+    let back = device_buffer(1, &vec![0u8; len]);
+    sync(
+        &e,
+        &seg,
+        &[Request::new(OpCode::Read, back, peer.host, LEN)],
+    );
+    assert!(device_bytes(back, len) == data);
+    // Host here <-> device there.
+    let mut host = vec![0u8; len];
+    sync(
+        &e,
+        &seg,
+        &[Request::new(
+            OpCode::Read,
+            host.as_mut_ptr() as u64,
+            peer.c,
+            LEN,
+        )],
+    );
+    assert!(host == pattern(len, 23));
+    let hdata = pattern(len, 6);
+    sync(
+        &e,
+        &seg,
+        &[Request::new(
+            OpCode::Write,
+            hdata.as_ptr() as u64,
+            peer.a,
+            LEN,
+        )],
+    );
+    assert_eq!(peer.hash(peer.a, LEN), fnv(&hdata));
+    assert_eq!(ipc_counts(&e).0, 0, "no IPC handle opened for host memory");
+}
+
+/// `MC_DISABLE_IPC=1` here, or a peer on another host: TCP, bytes verified.
+pub fn disabled_or_other_host_use_tcp(vendor: Vendor) {
+    install_fake(vendor);
+    let len = LEN as usize;
+    for (peer_env, our_env) in [
+        (vec![], vec![("MC_DISABLE_IPC", "1")]),
+        (vec![("MC_HOST_ID", "another-host")], vec![]),
+    ] {
+        let mut peer = IpcPeer::spawn(31, &peer_env);
+        let e = engine_with(&our_env);
+        let seg = peer.session.clone();
+        let data = pattern(len, 7);
+        let src = device_buffer(0, &data);
+        sync(&e, &seg, &[Request::new(OpCode::Write, src, peer.a, LEN)]);
+        assert_eq!(
+            peer.hash(peer.a, LEN),
+            fnv(&data),
+            "{peer_env:?} {our_env:?}"
+        );
+        let back = device_buffer(1, &vec![0u8; len]);
+        sync(&e, &seg, &[Request::new(OpCode::Read, back, peer.c, LEN)]);
+        assert!(device_bytes(back, len) == pattern(len, 33));
+        assert_eq!(
+            ipc_counts(&e).0,
+            0,
+            "{peer_env:?} {our_env:?}: no handle opened"
+        );
+    }
+}
+
+/// Mappings close when the peer's descriptor drops the buffer and when the peer exits.
+pub fn mappings_close_on_unregister_and_peer_exit(vendor: Vendor) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(41, &[]);
+    let e = engine_with(&[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    let dst = device_buffer(0, &vec![0u8; 2 * len]);
+    sync(
+        &e,
+        &seg,
+        &[
+            Request::new(OpCode::Read, dst, peer.a, LEN),
+            Request::new(OpCode::Read, dst + LEN, peer.c, LEN),
+        ],
+    );
+    assert_eq!(ipc_counts(&e), (2, 0, 2));
+    peer.unregister(peer.c);
+    // The next look at the peer's descriptor (after a refresh) closes c's mapping.
+    e.forget_segment(&seg);
+    sync(&e, &seg, &[Request::new(OpCode::Read, dst, peer.a, LEN)]);
+    assert!(device_bytes(dst, len) == pattern(len, 41));
+    assert_eq!(ipc_counts(&e), (2, 1, 1), "c's mapping closed, a's kept");
+    // A request to the unregistered buffer fails without I/O.
+    // SAFETY: `dst` outlives the call.
+    let err = unsafe { e.transfer_sync(&seg, &[Request::new(OpCode::Read, dst, peer.c, LEN)]) };
+    assert!(err.is_err());
+    peer.kill();
+    // Housekeeping notices the exit within a second or so; the counters settle once the
+    // mapping is dropped (after it left the cache).
+    let closed = wait_for(Duration::from_secs(10), || ipc_counts(&e) == (2, 2, 0));
+    assert!(
+        closed,
+        "mappings of an exited peer stay open: {:?}",
+        ipc_counts(&e)
+    );
+}
+
+/// A peer started with upstream's switch (`MC_INTRANODE_NVLINK` / `MC_FORCE_MUSA`) advertises
+/// the IPC protocol: device memory moves over IPC, host memory fails with the reason.
+pub fn peer_advertising_the_ipc_protocol(vendor: Vendor) {
+    install_fake(vendor);
+    let (var, protocol) = match vendor {
+        Vendor::Cuda => ("MC_INTRANODE_NVLINK", "nvlink_intra"),
+        Vendor::Musa => ("MC_FORCE_MUSA", "musa"),
+    };
+    let peer = IpcPeer::spawn(51, &[(var, "1")]);
+    let e = engine_with(&[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    let dst = device_buffer(1, &vec![0u8; len]);
+    sync(&e, &seg, &[Request::new(OpCode::Read, dst, peer.a, LEN)]);
+    assert!(device_bytes(dst, len) == pattern(len, 51));
+    assert_eq!(ipc_counts(&e).0, 1);
+    let mut host = vec![0u8; len];
+    // SAFETY: `host` outlives the call.
+    let err = unsafe {
+        e.transfer_sync(
+            &seg,
+            &[Request::new(
+                OpCode::Read,
+                host.as_mut_ptr() as u64,
+                peer.a,
+                LEN,
+            )],
+        )
+    }
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(protocol) && err.contains("host memory"),
+        "{err}"
+    );
+}
