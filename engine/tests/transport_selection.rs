@@ -154,19 +154,19 @@ fn rdma_without_verbs_falls_back_to_tcp_and_force_hca_fails_with_the_reason() {
 }
 
 #[test]
-fn unserved_protocols_fail_and_ipc_protocols_reach_the_ipc_integration_point() {
+fn unserved_protocols_fail_and_ipc_protocols_start_the_ipc_transport() {
     let root = setup();
     let err = start(config(&root), "nvlink", "").err().unwrap();
     assert!(
         err.contains("protocol \"nvlink\"") && err.contains("not served"),
         "{err}"
     );
-    // 8 fake MUSA devices: accepted, and refused only because the IPC transport is not
-    // built in yet (the integrator replaces that stub).
-    let err = start(config(&root), "musa", "").err().unwrap();
+    // 8 fake MUSA devices: `musa` is served by the same-host IPC transport.
+    let e = start(config(&root), "musa", "").unwrap();
+    let decisions = e.transport_decisions();
     assert!(
-        err.contains("IPC transport is not built into this engine yet"),
-        "{err}"
+        decisions.iter().any(|(protocol, _)| *protocol == "musa"),
+        "{decisions:?}"
     );
     assert!(start(config(&root), "tcp", "").is_ok());
 }
