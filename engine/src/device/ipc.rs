@@ -82,7 +82,7 @@ pub struct IpcRuntime {
 }
 
 /// Libraries that may export the driver's address-range call, in the order tried.
-fn driver_candidates(vendor: Vendor) -> Vec<String> {
+pub(crate) fn driver_candidates(vendor: Vendor) -> Vec<String> {
     match vendor {
         Vendor::Cuda => vec!["libcuda.so.1".into()],
         Vendor::Musa => {

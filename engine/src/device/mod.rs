@@ -8,6 +8,7 @@
 //! `MC_GPU_RUNTIME` (`auto`, the default: MUSA first, then CUDA, preferring
 //! one that reports devices; `musa`; `cuda`; `none`).
 
+pub mod dmabuf;
 pub mod ipc;
 pub mod loader;
 pub mod staging;

@@ -578,6 +578,19 @@ impl Inner {
                     self.transports
                         .iter()
                         .find(|t| t.takes(&desc, local_device, b))
+                        .or_else(|| {
+                            // The peer's transport cannot move this one (RDMA and memory
+                            // no HCA registered): the next one that reaches the peer.
+                            let first = transports.first()?;
+                            if !first.declines(region.as_deref(), b) {
+                                return None;
+                            }
+                            self.transports.iter().find(|t| {
+                                !Arc::ptr_eq(t, first)
+                                    && t.reaches(&desc)
+                                    && !t.declines(region.as_deref(), b)
+                            })
+                        })
                 });
                 let which = match taker {
                     None => 0,

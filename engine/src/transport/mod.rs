@@ -234,6 +234,7 @@ fn rdma_transport(
             .map_err(|_| format!("MC_IB_PORT={} is out of range (1-255)", config.ib_port))?,
         gid_index: config.gid_index,
         mtu: config.mtu,
+        force_hca: config.force_hca,
         ..rdma::RdmaParams::default()
     };
     let t = rdma::RdmaTransport::start(session_id, &hcas, plan.matrix.clone(), params, config)
@@ -291,6 +292,15 @@ pub trait Transport: Send + Sync {
     /// range, if any; `remote`: the peer's buffer holding the remote range. The same-host
     /// IPC transport takes device-to-device requests this way.
     fn takes(&self, _peer: &SegmentDesc, _local_device: Option<u32>, _remote: &BufferDesc) -> bool {
+        false
+    }
+
+    /// Whether this transport, though it [`reaches`](Self::reaches) the peer, cannot move
+    /// this one request, which then goes to the next transport that reaches the peer
+    /// (TCP). `local`: the registered region holding the local range, if any; `remote`:
+    /// the peer's buffer. RDMA declines device memory that no HCA could register (staged
+    /// regions, ours or the peer's; see `transport::rdma`).
+    fn declines(&self, _local: Option<&Region>, _remote: &BufferDesc) -> bool {
         false
     }
 

@@ -13,7 +13,8 @@
  * unmaps it. Opens and closes are counted (fake_gpu_ipc_stats). As with CUDA,
  * the handle of any pointer inside an allocation names the whole allocation,
  * and the driver's MemGetAddressRange (exported here under the CUDA and MUSA
- * driver names) gives its base and size.
+ * driver names) gives its base and size; MemGetHandleForAddressRange exports an
+ * allocation as a "dma-buf" (a dup of its memfd).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -161,6 +162,21 @@ static int address_range(uintptr_t *base, size_t *size, uintptr_t p) {
 }
 int cuMemGetAddressRange_v2(uintptr_t *base, size_t *size, uintptr_t p) { return address_range(base, size, p); }
 int muMemGetAddressRange(uintptr_t *base, size_t *size, uintptr_t p) { return address_range(base, size, p); }
+/* Driver API: the allocation [base, base+size) exported as a dma-buf (handle type 1,
+ * flags 0), here a new descriptor of the allocation's memfd. */
+static int handle_for_range(void *handle, uintptr_t base, size_t size, int type, unsigned long long flags) {
+    if (type != 1 || flags != 0) return 1;
+    pthread_mutex_lock(&lock);
+    region_t *r = find(base);
+    int fd = -1;
+    if (r && r->base == base && size <= r->len) fd = fcntl(r->fd, F_DUPFD_CLOEXEC, 0);
+    pthread_mutex_unlock(&lock);
+    if (fd < 0) return 1;
+    *(int *)handle = fd;
+    return 0;
+}
+int cuMemGetHandleForAddressRange(void *h, uintptr_t b, size_t n, int t, unsigned long long f) { return handle_for_range(h, b, n, t, f); }
+int muMemGetHandleForAddressRange(void *h, uintptr_t b, size_t n, int t, unsigned long long f) { return handle_for_range(h, b, n, t, f); }
 int cuInit(unsigned flags) { (void)flags; return 0; }
 int muInit(unsigned flags) { (void)flags; return 0; }
 

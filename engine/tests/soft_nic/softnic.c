@@ -75,6 +75,10 @@ struct sn_mr_ent {
 	uint64_t pd;
 	uint64_t addr;
 	uint64_t len;
+	/* Non-zero for fake GPU memory (mapped PROT_NONE by its owner): the owner's
+	 * read-write mapping of the same pages, through which the data path moves bytes,
+	 * as a peer-memory module or a dma-buf import gives a real HCA access. */
+	uint64_t shadow;
 };
 
 /* qp_state holds enum ibv_qp_state + 1 while the QP exists, 0 once destroyed. */
@@ -352,6 +356,8 @@ struct sn_pd {
 struct sn_mr {
 	struct ibv_mr mr;
 	uint32_t slot;
+	void *shadow_map;
+	size_t shadow_len;
 };
 
 struct sn_cqe {
@@ -761,7 +767,74 @@ SN_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 	return 0;
 }
 
+/* The mapping of this process holding addr, from /proc/self/maps: its start, file
+ * offset and inode, and whether it is fake GPU memory (the test runtime's memfd). */
+struct sn_mapping {
+	uintptr_t start;
+	uint64_t offset;
+	unsigned long inode;
+	int fake_gpu;
+};
+
+static int mapping_of(uintptr_t addr, struct sn_mapping *out)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	if (!f)
+		return -1;
+	char line[512];
+	int found = -1;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long start, end, off, inode;
+		int n = 0;
+		if (sscanf(line, "%lx-%lx %*s %lx %*s %lu %n", &start, &end, &off, &inode, &n) < 4)
+			continue;
+		if (addr < start || addr >= end)
+			continue;
+		out->start = start;
+		out->offset = off;
+		out->inode = inode;
+		out->fake_gpu = strstr(line + n, "memfd:fake-gpu") != NULL;
+		found = 0;
+		break;
+	}
+	fclose(f);
+	return found;
+}
+
+/* A read-write mapping of len bytes of fd at offset, for a shadow. */
+static void *map_shadow(int fd, uint64_t offset, size_t len, size_t *map_len)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t skip = offset % page;
+	*map_len = len + skip;
+	void *m = mmap(NULL, *map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(offset - skip));
+	if (m == MAP_FAILED)
+		return NULL;
+	return (char *)m + skip;
+}
+
+/* An fd of this process open on the file with this inode (the fake runtime keeps its
+ * memfds open), or -1: how the soft NIC plays a peer-memory module. */
+static int fd_of_inode(unsigned long inode)
+{
+	for (int fd = 0; fd < 4096; fd++) {
+		struct stat st;
+		if (fstat(fd, &st) == 0 && st.st_ino == inode && S_ISREG(st.st_mode))
+			return fd;
+	}
+	return -1;
+}
+
+static struct ibv_mr *reg_mr_core(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+				  int access, int dmabuf_fd, uint64_t dmabuf_offset);
+
 static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access)
+{
+	return reg_mr_core(pd, addr, len, iova, access, -1, 0);
+}
+
+static struct ibv_mr *reg_mr_core(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+				  int access, int dmabuf_fd, uint64_t dmabuf_offset)
 {
 	struct sn_pd *p = (struct sn_pd *)pd;
 	if (iova != (uintptr_t)addr) {
@@ -778,6 +851,38 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t
 		errno = EINVAL;
 		return NULL;
 	}
+	/* Fake GPU memory: refused as by an HCA without the peer-memory module
+	 * (SOFTNIC_REFUSE_MR=fake_gpu), else reached through a shadow mapping. */
+	struct sn_mapping map = {0};
+	void *shadow = NULL;
+	size_t shadow_len = 0;
+	if (dmabuf_fd >= 0) {
+		struct stat st;
+		if (fstat(dmabuf_fd, &st) != 0 || mapping_of((uintptr_t)addr, &map) != 0 ||
+		    st.st_ino != map.inode || map.offset + ((uintptr_t)addr - map.start) != dmabuf_offset) {
+			fprintf(stderr, "softnic: dma-buf fd %d at offset %llu is not the memory at iova %p\n",
+				dmabuf_fd, (unsigned long long)dmabuf_offset, addr);
+			errno = EINVAL;
+			return NULL;
+		}
+		shadow = map_shadow(dmabuf_fd, dmabuf_offset, len, &shadow_len);
+		if (!shadow)
+			return NULL;
+	} else if (mapping_of((uintptr_t)addr, &map) == 0 && map.fake_gpu) {
+		const char *refuse = getenv("SOFTNIC_REFUSE_MR");
+		if (refuse && strcmp(refuse, "fake_gpu") == 0) {
+			errno = EFAULT;
+			return NULL;
+		}
+		int fd = fd_of_inode(map.inode);
+		if (fd < 0) {
+			errno = EFAULT;
+			return NULL;
+		}
+		shadow = map_shadow(fd, map.offset + ((uintptr_t)addr - map.start), len, &shadow_len);
+		if (!shadow)
+			return NULL;
+	}
 	uint32_t slot;
 	if (take_slot(&reg.hdr->next_mr, SN_MR_SLOTS, "memory-region keys", &slot) != 0)
 		return NULL;
@@ -786,6 +891,11 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t
 		errno = ENOMEM;
 		return NULL;
 	}
+	if (shadow) {
+		uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+		m->shadow_map = (char *)shadow - ((uintptr_t)shadow % page);
+		m->shadow_len = shadow_len;
+	}
 	struct sn_mr_ent *e = &reg.mrs[slot];
 	e->access = (uint32_t)access;
 	e->pid = getpid();
@@ -793,6 +903,7 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, uint64_t
 	e->pd = p->id;
 	e->addr = (uintptr_t)addr;
 	e->len = len;
+	e->shadow = (uintptr_t)shadow;
 	atomic_store_explicit(&e->state, SLOT_LIVE, memory_order_release);
 	m->slot = slot;
 	m->mr.context = pd->context;
@@ -827,8 +938,23 @@ SN_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 	struct sn_mr *m = (struct sn_mr *)mr;
 	atomic_store_explicit(&reg.mrs[m->slot].state, SLOT_DEAD, memory_order_release);
 	atomic_fetch_sub(&((struct sn_pd *)mr->pd)->users, 1);
+	if (m->shadow_map)
+		munmap(m->shadow_map, m->shadow_len);
 	free(m);
 	return 0;
+}
+
+/* dma-buf registration (rdma-core v34+): the fd must be the file mapped at iova in this
+ * process (the fake GPU runtime's memfd export); refused with SOFTNIC_REFUSE_DMABUF=1. */
+SN_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+					   uint64_t iova, int fd, int access)
+{
+	const char *refuse = getenv("SOFTNIC_REFUSE_DMABUF");
+	if (refuse && strcmp(refuse, "1") == 0) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	return reg_mr_core(pd, (void *)(uintptr_t)iova, length, iova, access, fd, offset);
 }
 
 /* ---------------------------------------------------------------- CQ */
@@ -1352,6 +1478,11 @@ static enum ibv_wc_status execute(struct sn_qp *q, struct ibv_send_wr *wr, uint3
 				return IBV_WC_LOC_PROT_ERR;
 		}
 		loc[i].iov_base = (void *)(uintptr_t)s->addr;
+		if (!(write && (wr->send_flags & IBV_SEND_INLINE))) {
+			struct sn_mr_ent *m = mr_by_key(s->lkey);
+			if (m && m->shadow)
+				loc[i].iov_base = (void *)(uintptr_t)(m->shadow + (s->addr - m->addr));
+		}
 		loc[i].iov_len = s->length;
 		len += s->length;
 	}
@@ -1374,6 +1505,8 @@ static enum ibv_wc_status execute(struct sn_qp *q, struct ibv_send_wr *wr, uint3
 		return IBV_WC_REM_ACCESS_ERR;
 	if (len == 0)
 		return IBV_WC_SUCCESS;
+	if (r->shadow)
+		ra = r->shadow + (ra - r->addr);
 	if (peer->pid == q->ent->pid) {
 		/* Loopback within one process: the same copy without the syscall. */
 		uint64_t off = 0;

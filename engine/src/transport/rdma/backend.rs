@@ -115,6 +115,24 @@ pub trait Nic: Send + Sync {
     /// (ours for local keys, a peer's for the remote key) may access it until then.
     unsafe fn register(&self, addr: u64, len: u64) -> Result<MrKeys, BackendError>;
 
+    /// Registers `len` bytes at `offset` of the dma-buf `fd` (device memory the GPU
+    /// driver exported), addressed at `iova` by work requests and peers
+    /// (`ibv_reg_dmabuf_mr`). The default: not supported by this backend.
+    ///
+    /// # Safety
+    /// `fd` must be a dma-buf covering `offset..offset+len` whose memory stays allocated
+    /// until [`deregister`](Self::deregister) returns.
+    unsafe fn register_dmabuf(
+        &self,
+        fd: i32,
+        offset: u64,
+        len: u64,
+        iova: u64,
+    ) -> Result<MrKeys, BackendError> {
+        let _ = (fd, offset, len, iova);
+        Err(BackendError("dma-buf registration is not supported".into()))
+    }
+
     /// Deregisters; once this returns the HCA no longer accesses the range and peers'
     /// requests with its remote key fail with a remote access error.
     fn deregister(&self, keys: MrKeys);

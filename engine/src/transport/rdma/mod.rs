@@ -9,9 +9,11 @@
 //! next path (another local HCA, then another remote one) up to `MC_RETRY_CNT` times;
 //! the endpoint whose queue pair failed is rebuilt for later slices.
 //!
-//! Not done yet: device memory that `ibv_reg_mr` refuses (no peer-memory module) is not
-//! staged through host memory (registration fails with the reason); regions are not split
-//! at the device's `max_mr_size`; idle endpoints are closed only beyond
+//! Device memory is registered with the peer-memory module, else through dma-buf, else
+//! kept as *staged*: not advertised to peers' NICs, every request touching it goes over
+//! TCP (see [`register`] for the order and the reasons).
+//!
+//! Not done yet: regions are not split at the device's `max_mr_size`; idle endpoints are closed only beyond
 //! `MC_MAX_EP_PER_CTX`; upstream's optional ready-ACK round trip is not offered.
 //!
 //! # Memory contract
@@ -38,6 +40,7 @@
 pub mod backend;
 pub mod fake;
 mod path;
+mod register;
 mod setup;
 pub mod verbs_backend;
 mod worker;
@@ -55,7 +58,7 @@ use super::{Slice, Transport, TransportError};
 use crate::config::Config;
 use crate::error::TransferError;
 use crate::memory::Region;
-use crate::wire::descriptor::{DeviceDesc, SegmentDesc};
+use crate::wire::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
 use crate::wire::rdma::{format_gid, parse_gid, split_nic_path, ConnectMsg};
 use crate::wire::session::{HostPort, SegmentId};
 use backend::{MrKeys, Nic, QueuePair, RemoteQp};
@@ -93,6 +96,8 @@ pub struct RdmaParams {
     /// `MC_MAX_CQE_PER_CTX`: completion queue entries per HCA (4096), which also caps
     /// the requests outstanding on one HCA.
     pub max_cqe: usize,
+    /// `MC_FORCE_HCA=1`: device memory no HCA can register is an error, not staged.
+    pub force_hca: bool,
 }
 
 impl Default for RdmaParams {
@@ -108,6 +113,7 @@ impl Default for RdmaParams {
             mtu: 4096,
             max_ep_per_ctx: 65536,
             max_cqe: 4096,
+            force_hca: false,
         }
     }
 }
@@ -146,12 +152,25 @@ impl Connector for HandshakeConnector {
     }
 }
 
-/// The memory registrations of one region, one per HCA (device order).
+/// The memory registrations of one region, one per HCA (device order); none for a
+/// staged region.
 #[derive(Debug)]
 struct RegionKeys {
     len: u64,
     location: String,
     keys: Vec<MrKeys>,
+    how: register::Registration,
+}
+
+impl RegionKeys {
+    fn staged(&self) -> bool {
+        self.how == register::Registration::Staged
+    }
+}
+
+/// Whether a peer's buffer is staged there (remote keys all 0 or none): no NIC reaches it.
+fn staged_at_peer(remote: &BufferDesc) -> bool {
+    remote.rkey.iter().all(|&k| k == 0)
 }
 
 /// A peer's RDMA device (its port's LID and GID come with the handshake reply).
@@ -636,14 +655,28 @@ impl Transport for RdmaTransport {
         for b in &mut desc.buffers {
             if let Some(r) = regions.get(&b.addr).filter(|r| r.len == b.length) {
                 b.name = r.location.clone();
-                b.rkey = r.keys.iter().map(|k| k.rkey).collect();
-                b.lkey = r.keys.iter().map(|k| k.lkey).collect();
+                if r.staged() {
+                    // Key 0 on every device: no NIC reaches it; peers use TCP.
+                    b.rkey = vec![0; self.shared.nics.len()];
+                    b.lkey = vec![0; self.shared.nics.len()];
+                } else {
+                    b.rkey = r.keys.iter().map(|k| k.rkey).collect();
+                    b.lkey = r.keys.iter().map(|k| k.lkey).collect();
+                }
             }
         }
     }
 
     fn reaches(&self, peer: &SegmentDesc) -> bool {
         peer.speaks_rdma()
+    }
+
+    fn declines(&self, local: Option<&Region>, remote: &BufferDesc) -> bool {
+        let local_staged = local.is_some_and(|l| {
+            let regions = self.shared.regions.read();
+            regions.get(&l.addr).is_some_and(RegionKeys::staged)
+        });
+        local_staged || staged_at_peer(remote)
     }
 
     fn unreachable(&self, segment: &SegmentId, _peer: &SegmentDesc) -> Option<String> {
@@ -706,48 +739,14 @@ impl Transport for RdmaTransport {
     }
 
     fn on_register(&self, region: &Arc<Region>) -> Result<(), TransportError> {
-        let mut keys = Vec::with_capacity(self.shared.nics.len());
-        for nic in &self.shared.nics {
-            // SAFETY: the registrant vouched that the region stays mapped until it is
-            // unregistered; `on_unregister` (after which nothing of ours touches it)
-            // deregisters before the engine hands the memory back.
-            match unsafe { nic.register(region.addr, region.len) } {
-                Ok(k) => keys.push(k),
-                Err(e) => {
-                    for (n, k) in self.shared.nics.iter().zip(&keys) {
-                        n.deregister(*k);
-                    }
-                    let reason = match region.device {
-                        Some((vendor, _)) => format!(
-                            "ibv_reg_mr on the {} device address failed on {}: {e}; the \
-                             peer-memory kernel module ({}) is probably not loaded",
-                            vendor.prefix(),
-                            nic.name(),
-                            match vendor {
-                                crate::device::Vendor::Musa => "mthreads-peermem",
-                                crate::device::Vendor::Cuda => "nvidia-peermem",
-                            }
-                        ),
-                        None => format!(
-                            "ibv_reg_mr failed on {}: {e} (check the memlock limit, ulimit -l)",
-                            nic.name()
-                        ),
-                    };
-                    return Err(TransportError::Register {
-                        addr: region.addr,
-                        len: region.len,
-                        protocol: PROTOCOL,
-                        reason,
-                    });
-                }
-            }
-        }
+        let (keys, how) = register::register(&self.shared, region)?;
         self.shared.regions.write().insert(
             region.addr,
             RegionKeys {
                 len: region.len,
                 location: region.location.clone(),
                 keys,
+                how,
             },
         );
         Ok(())

@@ -105,6 +105,20 @@ impl VerbsNic {
     }
 }
 
+impl VerbsNic {
+    /// Keeps `mr` until its keys are deregistered.
+    fn keep(&self, mr: Mr) -> MrKeys {
+        let handle = self.next_mr.fetch_add(1, Ordering::Relaxed);
+        let keys = MrKeys {
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+            handle,
+        };
+        self.mrs.lock().insert(handle, mr);
+        keys
+    }
+}
+
 impl Nic for VerbsNic {
     fn name(&self) -> &str {
         &self.name
@@ -125,14 +139,30 @@ impl Nic for VerbsNic {
             )
         }
         .map_err(|e| BackendError(e.to_string()))?;
-        let handle = self.next_mr.fetch_add(1, Ordering::Relaxed);
-        let keys = MrKeys {
-            lkey: mr.lkey(),
-            rkey: mr.rkey(),
-            handle,
-        };
-        self.mrs.lock().insert(handle, mr);
-        Ok(keys)
+        Ok(self.keep(mr))
+    }
+
+    unsafe fn register_dmabuf(
+        &self,
+        fd: i32,
+        offset: u64,
+        len: u64,
+        iova: u64,
+    ) -> Result<MrKeys, BackendError> {
+        let len = usize::try_from(len).map_err(|_| BackendError("length too large".into()))?;
+        // SAFETY: forwarded from the caller (the dma-buf covers the range and its memory
+        // stays allocated until `deregister`).
+        let mr = unsafe {
+            self.pd.reg_dmabuf_mr(
+                offset,
+                len,
+                iova,
+                fd,
+                access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ,
+            )
+        }
+        .map_err(|e| BackendError(e.to_string()))?;
+        Ok(self.keep(mr))
     }
 
     fn deregister(&self, keys: MrKeys) {
