@@ -540,13 +540,47 @@ fn device_memory_that_cannot_be_registered_names_the_peer_memory_module() {
         "127.0.0.1:1001",
         &["m0"],
         Topology::new(),
-        RdmaParams::default(),
+        RdmaParams {
+            force_hca: true,
+            ..RdmaParams::default()
+        },
     );
     fabric.fail_nic("m0", true);
     let buf = HostBuffer::new(4096);
     let region = a.memory.register(buf.addr(), 4096, "musa:0").unwrap();
     let err = a.t.on_register(&region).unwrap_err().to_string();
     assert!(err.contains("mthreads-peermem"), "{err}");
+    assert!(err.contains("MC_FORCE_HCA"), "{err}");
+}
+
+#[test]
+fn device_memory_no_hca_registers_is_staged_with_key_0_and_declined() {
+    let fabric = FakeFabric::new();
+    let net = Arc::new(Net::default());
+    let a = Side::new(
+        &net,
+        &fabric,
+        "127.0.0.1:1001",
+        &["s0", "s1"],
+        Topology::new(),
+        RdmaParams::default(),
+    );
+    let host = a.desc();
+    assert!(!a.t.declines(None, &host.buffers[0]), "host memory is RDMA's");
+    fabric.fail_nic("s1", true);
+    let before = fabric.registrations();
+    let buf = HostBuffer::new(4096);
+    let region = a.memory.register(buf.addr(), 4096, "cuda:0").unwrap();
+    // The fake backend has no dma-buf: the region is staged, not refused.
+    a.t.on_register(&region).unwrap();
+    assert_eq!(fabric.registrations(), before, "the one on s0 is undone");
+    let d = a.desc();
+    let staged = d.buffers.iter().find(|b| b.addr == buf.addr()).unwrap();
+    assert_eq!(staged.rkey, vec![0, 0], "advertised to no NIC");
+    assert!(a.t.declines(Some(&region), &host.buffers[0]), "ours: over TCP");
+    assert!(a.t.declines(None, staged), "the peer's: over TCP");
+    a.t.on_unregister(&region);
+    assert_eq!(fabric.registrations(), before);
 }
 
 #[test]
