@@ -141,13 +141,23 @@ fn child_device_memory_both_ways() {
     assert_eq!(peer.hash(peer.addr, LEN as u64), fnv(&data));
 
     // Host (ours) <-> device (peer's): only the peer's registration matters.
-    let read = [Request::new(OpCode::Read, host.addr(), peer.addr, LEN as u64)];
+    let read = [Request::new(
+        OpCode::Read,
+        host.addr(),
+        peer.addr,
+        LEN as u64,
+    )];
     // SAFETY: as above.
     unsafe { e.transfer_sync(&peer.session, &read) }.unwrap();
     assert!(host.to_vec() == data, "host read bytes differ");
     let data = fake_gpu::pattern(LEN, 11);
     host.write_at(0, &data).unwrap();
-    let write = [Request::new(OpCode::Write, host.addr(), peer.addr, LEN as u64)];
+    let write = [Request::new(
+        OpCode::Write,
+        host.addr(),
+        peer.addr,
+        LEN as u64,
+    )];
     // SAFETY: as above.
     unsafe { e.transfer_sync(&peer.session, &write) }.unwrap();
     assert_eq!(peer.hash(peer.addr, LEN as u64), fnv(&data));
@@ -164,7 +174,10 @@ fn device_memory_registered_through_peer_memory_moves_over_rdma() {
     let text = run_child("child_device_memory_both_ways", true, &[]);
     // No device copy here: the NIC read and wrote device memory itself.
     assert_eq!(copies_in(&text), 0, "{text}");
-    assert!(!text.contains("STAGED") && !text.contains("dma-buf"), "{text}");
+    assert!(
+        !text.contains("STAGED") && !text.contains("dma-buf"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -93,12 +93,17 @@ fn load(rt: &Runtime) -> Result<Driver, String> {
             });
         }
     }
-    Err(format!("no library exports {range} and {handle} (tried {tried:?})"))
+    Err(format!(
+        "no library exports {range} and {handle} (tried {tried:?})"
+    ))
 }
 
 fn driver(rt: &Runtime) -> Result<&'static Driver, String> {
     static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
-    DRIVER.get_or_init(|| load(rt)).as_ref().map_err(Clone::clone)
+    DRIVER
+        .get_or_init(|| load(rt))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// Exports the allocation holding `[ptr, ptr+len)` as a dma-buf; the error says which

@@ -68,7 +68,9 @@ pub(crate) fn register(
     let plain = on_every_nic(nics, |nic| unsafe { nic.register(region.addr, region.len) });
     let Some((vendor, _)) = region.device else {
         return plain.map(|k| (k, Registration::Host)).map_err(|e| {
-            error(format!("ibv_reg_mr failed on {e} (check the memlock limit, ulimit -l)"))
+            error(format!(
+                "ibv_reg_mr failed on {e} (check the memlock limit, ulimit -l)"
+            ))
         });
     };
     let peermem = match plain {

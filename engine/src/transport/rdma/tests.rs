@@ -566,7 +566,10 @@ fn device_memory_no_hca_registers_is_staged_with_key_0_and_declined() {
         RdmaParams::default(),
     );
     let host = a.desc();
-    assert!(!a.t.declines(None, &host.buffers[0]), "host memory is RDMA's");
+    assert!(
+        !a.t.declines(None, &host.buffers[0]),
+        "host memory is RDMA's"
+    );
     fabric.fail_nic("s1", true);
     let before = fabric.registrations();
     let buf = HostBuffer::new(4096);
@@ -577,7 +580,10 @@ fn device_memory_no_hca_registers_is_staged_with_key_0_and_declined() {
     let d = a.desc();
     let staged = d.buffers.iter().find(|b| b.addr == buf.addr()).unwrap();
     assert_eq!(staged.rkey, vec![0, 0], "advertised to no NIC");
-    assert!(a.t.declines(Some(&region), &host.buffers[0]), "ours: over TCP");
+    assert!(
+        a.t.declines(Some(&region), &host.buffers[0]),
+        "ours: over TCP"
+    );
     assert!(a.t.declines(None, staged), "the peer's: over TCP");
     a.t.on_unregister(&region);
     assert_eq!(fabric.registrations(), before);
