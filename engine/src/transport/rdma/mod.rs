@@ -606,6 +606,14 @@ impl RdmaTransport {
     }
 }
 
+impl RdmaTransport {
+    /// Whether our `region` is staged (no HCA registered it).
+    fn is_staged(&self, region: &Region) -> bool {
+        let regions = self.shared.regions.read();
+        regions.get(&region.addr).is_some_and(RegionKeys::staged)
+    }
+}
+
 fn stop(shared: &Shared, threads: Vec<JoinHandle<()>>) {
     for tx in &shared.workers {
         let _ = tx.send(Msg::Stop);
@@ -672,11 +680,7 @@ impl Transport for RdmaTransport {
     }
 
     fn declines(&self, local: Option<&Region>, remote: &BufferDesc) -> bool {
-        let local_staged = local.is_some_and(|l| {
-            let regions = self.shared.regions.read();
-            regions.get(&l.addr).is_some_and(RegionKeys::staged)
-        });
-        local_staged || staged_at_peer(remote)
+        local.is_some_and(|l| self.is_staged(l)) || staged_at_peer(remote)
     }
 
     fn unreachable(&self, segment: &SegmentId, _peer: &SegmentDesc) -> Option<String> {
@@ -701,12 +705,26 @@ impl Transport for RdmaTransport {
         let limit = path::fragment_limit(self.slice_size(), shared.params.fragment_ratio);
         let mut pending: Option<Work> = None;
         for s in slices {
-            if s.local_region.is_none() {
+            let Some(region) = s.local_region.as_ref() else {
                 let (addr, len) = (s.local, s.len);
                 s.finish(Err(TransferError::LocalNotRegistered {
                     addr,
                     len,
                     protocol: PROTOCOL,
+                }));
+                continue;
+            };
+            // Staged memory reaches us only when the peer has no TCP to go to instead.
+            if self.is_staged(region) {
+                let reason = format!(
+                    "the local buffer at {:#x} is device memory no HCA could register \
+                     (staged), and the peer offers no TCP data port to stage it over; load \
+                     the peer-memory module (nvidia-peermem / mthreads-peermem)",
+                    region.addr
+                );
+                s.finish(Err(TransferError::PeerUnreachable {
+                    peer: segment.to_string(),
+                    reason,
                 }));
                 continue;
             }

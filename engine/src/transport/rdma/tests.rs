@@ -555,36 +555,48 @@ fn device_memory_that_cannot_be_registered_names_the_peer_memory_module() {
 
 #[test]
 fn device_memory_no_hca_registers_is_staged_with_key_0_and_declined() {
-    let fabric = FakeFabric::new();
-    let net = Arc::new(Net::default());
-    let a = Side::new(
-        &net,
-        &fabric,
-        "127.0.0.1:1001",
-        &["s0", "s1"],
-        Topology::new(),
-        RdmaParams::default(),
-    );
+    let (fabric, _net, a, b) = pair(RdmaParams::default());
     let host = a.desc();
     assert!(
         !a.t.declines(None, &host.buffers[0]),
         "host memory is RDMA's"
     );
-    fabric.fail_nic("s1", true);
+    fabric.fail_nic("a0", true);
     let before = fabric.registrations();
     let buf = HostBuffer::new(4096);
     let region = a.memory.register(buf.addr(), 4096, "cuda:0").unwrap();
     // The fake backend has no dma-buf: the region is staged, not refused.
     a.t.on_register(&region).unwrap();
-    assert_eq!(fabric.registrations(), before, "the one on s0 is undone");
+    assert_eq!(fabric.registrations(), before, "nothing registered");
+    fabric.fail_nic("a0", false);
     let d = a.desc();
     let staged = d.buffers.iter().find(|b| b.addr == buf.addr()).unwrap();
-    assert_eq!(staged.rkey, vec![0, 0], "advertised to no NIC");
+    assert_eq!(staged.rkey, vec![0], "advertised to no NIC");
     assert!(
         a.t.declines(Some(&region), &host.buffers[0]),
         "ours: over TCP"
     );
     assert!(a.t.declines(None, staged), "the peer's: over TCP");
+
+    // A staged slice that reaches RDMA anyway (a peer without TCP) fails with the reason.
+    let batch = BatchState::new(&[1], Duration::from_secs(10));
+    let slice = Slice {
+        op: OpCode::Write,
+        local: buf.addr(),
+        remote: b.buf.addr(),
+        len: 4096,
+        local_device: Some(0),
+        local_region: Some(region.clone()),
+        batch: batch.clone(),
+        task: 0,
+        retries: 0,
+    };
+    a.t.post(&b.id(), &b.desc(), vec![slice]).unwrap();
+    let err = batch.wait().unwrap_err().to_string();
+    assert!(
+        err.contains("staged") && err.contains("nvidia-peermem"),
+        "{err}"
+    );
     a.t.on_unregister(&region);
     assert_eq!(fabric.registrations(), before);
 }
