@@ -22,7 +22,6 @@ mod fake_gpu;
 mod soft_nic;
 
 use std::io::Write;
-use std::process::Command;
 
 use common::{fnv, Buf, Peer};
 use soft_nic::SoftFabric;
@@ -61,34 +60,16 @@ fn peer_process() {
 /// asserting it passed.
 fn run_child(test: &str, force: bool, env: &[(&str, &str)]) -> String {
     let fabric = SoftFabric::new(&["soft_0", "soft_1"]);
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("TE_RDMA_CHILD", "1")
-        .env("TE_TEST_PROTOCOL", "rdma")
-        .env("MC_DISABLE_IPC", "1")
+    let mut cmd = soft_nic::child_command(test, &fabric);
+    cmd.env("MC_DISABLE_IPC", "1")
         .env("MC_LOG_LEVEL", "info")
         .env_remove("RUST_LOG")
         .env_remove("TE_TEST_PEER")
-        .env_remove("MC_FORCE_TCP")
-        .env_remove("MC_FORCE_HCA")
-        .env_remove("MC_TE_FILTERS")
-        .env_remove("MOONCAKE_RDMA_DEVICES");
+        .envs(env.iter().copied());
     if force {
         cmd.env("MC_FORCE_HCA", "1");
     }
-    fabric.apply_to(&mut cmd);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{test} failed:\n{text}");
-    assert!(text.contains("1 passed"), "{test} did not run:\n{text}");
-    text
+    soft_nic::run_passing(cmd, test)
 }
 
 fn is_child() -> bool {

@@ -16,8 +16,6 @@
 mod common;
 mod soft_nic;
 
-use std::process::Command;
-
 use common::{engine, fnv, pattern, Buf, Peer};
 use soft_nic::SoftFabric;
 use transfer_engine::{OpCode, Request, TransferError};
@@ -30,27 +28,9 @@ fn peer_process() {
 /// Runs `test` of this binary in a child process with `fabric`'s environment, protocol
 /// `rdma` and `env`; returns its combined output, asserting it passed.
 fn run_child(test: &str, fabric: &SoftFabric, env: &[(&str, &str)]) -> String {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("TE_RDMA_CHILD", "1")
-        .env("TE_TEST_PROTOCOL", "rdma")
-        .env("MC_FORCE_HCA", "1")
-        .env_remove("MC_FORCE_TCP")
-        .env_remove("MC_TE_FILTERS")
-        .env_remove("MOONCAKE_RDMA_DEVICES");
-    fabric.apply_to(&mut cmd);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{test} failed:\n{text}");
-    assert!(text.contains("1 passed"), "{test} did not run:\n{text}");
-    text
+    let mut cmd = soft_nic::child_command(test, fabric);
+    cmd.env("MC_FORCE_HCA", "1").envs(env.iter().copied());
+    soft_nic::run_passing(cmd, test)
 }
 
 fn is_child() -> bool {

@@ -24,15 +24,19 @@ pub fn install_fake(vendor: Vendor) {
         std::fs::create_dir_all(&dir).unwrap();
         let lib = dir.join(name);
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_gpu/fake_runtime.c");
+        // Built aside and renamed: test processes running at once never load a half-written
+        // library.
+        let part = dir.join(format!("{name}.{}", std::process::id()));
         let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
             .args(["-shared", "-fPIC", "-O1", "-pthread"])
             .arg(format!("-DPREFIX={}", vendor.prefix()))
             .arg("-o")
-            .arg(&lib)
+            .arg(&part)
             .arg(&src)
             .status()
             .expect("a C compiler (cc) is needed to build the fake GPU runtime");
         assert!(status.success(), "building the fake runtime failed");
+        std::fs::rename(&part, &lib).unwrap();
         // SAFETY (edition 2021: set_var is safe): set before any engine thread starts.
         std::env::set_var(var, &lib);
         std::env::set_var("MC_GPU_RUNTIME", vendor.prefix());

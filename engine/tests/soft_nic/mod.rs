@@ -260,3 +260,34 @@ impl Drop for SoftFabric {
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
+
+/// This test binary again, running only `test` (`--exact`, one thread, output shown)
+/// with `fabric`'s environment, `TE_RDMA_CHILD=1`, protocol `rdma`, and none of the
+/// caller's RDMA selection variables (`MC_FORCE_TCP`, `MC_FORCE_HCA`, `MC_TE_FILTERS`,
+/// `MOONCAKE_RDMA_DEVICES`).
+pub fn child_command(test: &str, fabric: &SoftFabric) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("TE_RDMA_CHILD", "1")
+        .env("TE_TEST_PROTOCOL", "rdma")
+        .env_remove("MC_FORCE_TCP")
+        .env_remove("MC_FORCE_HCA")
+        .env_remove("MC_TE_FILTERS")
+        .env_remove("MOONCAKE_RDMA_DEVICES");
+    fabric.apply_to(&mut cmd);
+    cmd
+}
+
+/// Runs a [`child_command`] and returns its combined output, asserting that its one test
+/// ran and passed.
+pub fn run_passing(mut cmd: Command, test: &str) -> String {
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{test} failed:\n{text}");
+    assert!(text.contains("1 passed"), "{test} did not run:\n{text}");
+    text
+}
