@@ -1,4 +1,4 @@
-//! GPU memory over RDMA, without a GPU or an HCA: two engine processes, the FAKE CUDA
+//! GPU memory over RDMA, without a GPU or an HCA: two engine processes, the FAKE CUDA or MUSA
 //! runtime (`tests/fake_gpu/`: "device" memory is a memfd mapped PROT_NONE, reached only
 //! through the runtime's copies) and the soft NIC (`tests/soft_nic/`: a SOFTWARE
 //! stand-in for libibverbs.so.1). The soft NIC plays an HCA with the peer-memory module
@@ -31,17 +31,17 @@ use transfer_engine::{OpCode, Request};
 const LEN: usize = 3 << 20;
 
 /// The peer process: an engine with `LEN` bytes of fake CUDA memory holding
-/// `pattern(LEN, seed)`, registered as `cuda:0`; answers `hash` over device memory.
+/// `pattern(LEN, seed)`, registered as `<vendor>:0`; answers `hash` over device memory.
 #[test]
 fn peer_process() {
     let Ok(spec) = std::env::var("TE_TEST_PEER") else {
         return;
     };
     let seed: u64 = spec.split_whitespace().nth(1).unwrap().parse().unwrap();
-    fake_gpu::install_fake(Vendor::Cuda);
+    let gpu = install_vendor();
     let dev = fake_gpu::device_buffer(0, &fake_gpu::pattern(LEN, seed));
     let e = common::engine();
-    e.register_memory(dev, LEN as u64, "cuda:0").unwrap();
+    e.register_memory(dev, LEN as u64, &gpu).unwrap();
     let mut out = std::io::stdout();
     writeln!(out, "PEER {} {dev} {LEN}", e.session_id()).unwrap();
     for line in std::io::stdin().lines() {
@@ -72,6 +72,17 @@ fn run_child(test: &str, force: bool, env: &[(&str, &str)]) -> String {
     soft_nic::run_passing(cmd, test)
 }
 
+/// Installs the fake runtime of `TE_FAKE_VENDOR` (`cuda` unless `musa`); returns the
+/// location of its device 0.
+fn install_vendor() -> String {
+    let vendor = match std::env::var("TE_FAKE_VENDOR").as_deref() {
+        Ok("musa") => Vendor::Musa,
+        _ => Vendor::Cuda,
+    };
+    fake_gpu::install_fake(vendor);
+    format!("{}:0", vendor.prefix())
+}
+
 fn is_child() -> bool {
     std::env::var_os("TE_RDMA_CHILD").is_some()
 }
@@ -89,15 +100,15 @@ fn child_device_memory_both_ways() {
     if !is_child() {
         return;
     }
-    fake_gpu::install_fake(Vendor::Cuda);
+    let gpu = install_vendor();
     transfer_engine::logging::init(transfer_engine::config::LogLevel::Info);
     let mut peer = Peer::spawn(LEN as u64, 7);
     let e = common::engine();
     let dev = fake_gpu::device_buffer(0, &vec![0u8; LEN]);
-    e.register_memory(dev, LEN as u64, "cuda:0").unwrap();
+    e.register_memory(dev, LEN as u64, &gpu).unwrap();
     // A second device region: the staging warning is still logged once.
     let dev2 = fake_gpu::device_buffer(0, &[0u8; 4096]);
-    e.register_memory(dev2, 4096, "cuda:0").unwrap();
+    e.register_memory(dev2, 4096, &gpu).unwrap();
     let host = Buf::new(LEN);
     e.register_memory(host.addr(), LEN as u64, "cpu:0").unwrap();
 
@@ -113,7 +124,7 @@ fn child_device_memory_both_ways() {
     );
     let data = fake_gpu::pattern(LEN, 9);
     let dev_w = fake_gpu::device_buffer(0, &data);
-    e.register_memory(dev_w, LEN as u64, "cuda:0").unwrap();
+    e.register_memory(dev_w, LEN as u64, &gpu).unwrap();
     let before = copies();
     let write = [Request::new(OpCode::Write, dev_w, peer.addr, LEN as u64)];
     // SAFETY: as above.
@@ -194,13 +205,10 @@ fn child_force_hca_refuses_memory_it_cannot_register() {
     if !is_child() {
         return;
     }
-    fake_gpu::install_fake(Vendor::Cuda);
+    let gpu = install_vendor();
     let e = common::engine();
     let dev = fake_gpu::device_buffer(0, &[1u8; 8192]);
-    let err = e
-        .register_memory(dev, 8192, "cuda:0")
-        .unwrap_err()
-        .to_string();
+    let err = e.register_memory(dev, 8192, &gpu).unwrap_err().to_string();
     assert!(err.contains("nvidia-peermem"), "{err}");
     assert!(err.contains("MC_FORCE_HCA"), "{err}");
     // Host memory still registers.
@@ -218,4 +226,36 @@ fn force_hca_makes_unregistrable_device_memory_an_error_naming_the_module() {
             ("SOFTNIC_REFUSE_DMABUF", "1"),
         ],
     );
+}
+
+#[test]
+fn musa_memory_refused_by_ibv_reg_mr_is_registered_through_the_musa_dma_buf_calls() {
+    // Upstream has only the peer-memory path on MUSA; we try muMemGetHandleForAddressRange.
+    let text = run_child(
+        "child_device_memory_both_ways",
+        true,
+        &[
+            ("TE_FAKE_VENDOR", "musa"),
+            ("SOFTNIC_REFUSE_MR", "fake_gpu"),
+        ],
+    );
+    assert_eq!(copies_in(&text), 0, "{text}");
+    assert!(text.contains("musa memory at"), "{text}");
+    assert!(text.contains("registered through dma-buf"), "{text}");
+}
+
+#[test]
+fn musa_memory_no_hca_can_register_is_staged_naming_mthreads_peermem() {
+    let text = run_child(
+        "child_device_memory_both_ways",
+        false,
+        &[
+            ("TE_FAKE_VENDOR", "musa"),
+            ("SOFTNIC_REFUSE_MR", "fake_gpu"),
+            ("SOFTNIC_REFUSE_DMABUF", "1"),
+        ],
+    );
+    assert!(copies_in(&text) > 0, "{text}");
+    assert_eq!(text.matches("device memory is STAGED").count(), 1, "{text}");
+    assert!(text.contains("mthreads-peermem"), "{text}");
 }
