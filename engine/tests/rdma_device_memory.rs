@@ -259,3 +259,37 @@ fn musa_memory_no_hca_can_register_is_staged_naming_mthreads_peermem() {
     assert_eq!(text.matches("device memory is STAGED").count(), 1, "{text}");
     assert!(text.contains("mthreads-peermem"), "{text}");
 }
+
+#[test]
+fn child_force_hca_fails_requests_to_a_peers_staged_buffer() {
+    if !is_child() {
+        return;
+    }
+    install_vendor();
+    // The peer allows staging; this engine forces RDMA.
+    std::env::remove_var("MC_FORCE_HCA");
+    let peer = Peer::spawn(LEN as u64, 3);
+    std::env::set_var("MC_FORCE_HCA", "1");
+    let e = common::engine();
+    let host = Buf::new(4096);
+    e.register_memory(host.addr(), 4096, "cpu:0").unwrap();
+    let reqs = [Request::new(OpCode::Write, host.addr(), peer.addr, 4096)];
+    // SAFETY: `host` outlives the synchronous call; nothing else touches it meanwhile.
+    let err = unsafe { e.transfer_sync(&peer.session, &reqs) }
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("staged"), "{err}");
+    assert!(err.contains("MC_FORCE_HCA=1 forbids"), "{err}");
+}
+
+#[test]
+fn force_hca_fails_requests_to_a_peers_staged_buffer_instead_of_using_tcp() {
+    run_child(
+        "child_force_hca_fails_requests_to_a_peers_staged_buffer",
+        true,
+        &[
+            ("SOFTNIC_REFUSE_MR", "fake_gpu"),
+            ("SOFTNIC_REFUSE_DMABUF", "1"),
+        ],
+    );
+}

@@ -680,7 +680,9 @@ impl Transport for RdmaTransport {
     }
 
     fn declines(&self, local: Option<&Region>, remote: &BufferDesc) -> bool {
-        local.is_some_and(|l| self.is_staged(l)) || staged_at_peer(remote)
+        // With MC_FORCE_HCA=1 a peer's staged buffer is an error (in `post`), not TCP.
+        local.is_some_and(|l| self.is_staged(l))
+            || (staged_at_peer(remote) && !self.shared.params.force_hca)
     }
 
     fn unreachable(&self, segment: &SegmentId, _peer: &SegmentDesc) -> Option<String> {
@@ -737,6 +739,27 @@ impl Transport for RdmaTransport {
                 }));
                 continue;
             };
+            if peer
+                .buffers
+                .get(buffer)
+                .is_some_and(|b| b.rkeys.iter().all(|&k| k == 0))
+            {
+                let reason = format!(
+                    "its buffer at {:#x} is staged (no HCA of the peer could register that \
+                     device memory: load its peer-memory module), and {}",
+                    s.remote,
+                    if self.shared.params.force_hca {
+                        "MC_FORCE_HCA=1 forbids moving it over TCP"
+                    } else {
+                        "it offers no TCP data port"
+                    }
+                );
+                s.finish(Err(TransferError::PeerUnreachable {
+                    peer: segment.to_string(),
+                    reason,
+                }));
+                continue;
+            }
             if let Some(p) = pending.as_mut() {
                 if p.absorbs(&s, buffer, limit) {
                     p.slice.len += s.len;
