@@ -22,7 +22,9 @@
 //!    loop, so one-sided RDMA to a staged region is not offered; TCP is what every peer
 //!    (ours, and upstream's over its TCP transport) can use instead. Our engines read a
 //!    peer buffer whose remote keys are all 0 as staged and send those requests over
-//!    TCP; an upstream peer that tries RDMA with key 0 gets a remote access error.
+//!    TCP; an upstream peer that tries RDMA with key 0 gets a remote access error. An
+//!    engine with `MC_FORCE_HCA=1` fails requests to a peer's staged buffer with the
+//!    reason instead of using TCP.
 
 use super::backend::{MrKeys, Nic};
 use super::{Shared, PROTOCOL};
