@@ -178,8 +178,8 @@ fn ipc_transport(
     Err("the same-host GPU IPC transport is not built into this engine yet".into())
 }
 
-/// RLIMIT_MEMLOCK and whether CAP_IPC_LOCK lifts it.
-fn memlock() -> select::Memlock {
+/// RLIMIT_MEMLOCK and whether CAP_IPC_LOCK lifts it, for this process.
+pub fn memlock() -> select::Memlock {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
