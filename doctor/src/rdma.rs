@@ -228,22 +228,28 @@ fn filter_vars(inp: &Inputs, facts: &Facts, stakes: Stakes) -> Check {
         ),
     };
     let saw = format!("{source}; selects: {}", listing(&f.kept));
+    let legacy = inp.var("MOONCAKE_RDMA_DEVICES").is_some();
+    let mut warnings: Vec<String> = var_warning.into_iter().collect();
+    warnings.extend(f.warnings);
     if let Some(why) = &f.none_matched {
-        let fix = format!(
+        let mut fix = format!(
             "name HCAs this host has ({}) in MC_TE_FILTERS / device_name (`ls {}/class/infiniband`)",
             listing(&present),
             inp.sysfs_root.display()
         );
-        return stakes
-            .problem("rdma.filters", format!("{saw}: {why}"), fix)
-            .with_data(data);
+        if legacy {
+            fix.push_str("; unset the legacy MOONCAKE_RDMA_DEVICES");
+        }
+        let mut saw = format!("{saw}: {why}");
+        if legacy {
+            saw.push_str(&format!("; {}", warnings.join("; ")));
+        }
+        return stakes.problem("rdma.filters", saw, fix).with_data(data);
     }
-    let mut warnings: Vec<String> = var_warning.into_iter().collect();
-    warnings.extend(f.warnings);
     if warnings.is_empty() {
         return Check::ok("rdma.filters", saw).with_data(data);
     }
-    let fix = if inp.var("MOONCAKE_RDMA_DEVICES").is_some() {
+    let fix = if legacy {
         "use MC_TE_FILTERS (comma list of HCA names) and unset the legacy MOONCAKE_RDMA_DEVICES"
     } else {
         "name only HCAs this host has in MC_TE_FILTERS / device_name"

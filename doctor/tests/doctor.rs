@@ -268,6 +268,20 @@ fn legacy_variable_is_named_with_its_replacement() {
     assert!(c.saw.contains("deprecated"), "{}", c.saw);
     assert!(fix(&r, "rdma.filters").contains("use MC_TE_FILTERS"));
     assert_eq!(c.data["from"], "MOONCAKE_RDMA_DEVICES");
+    // The legacy variable naming a missing HCA: both problems are said.
+    let h = Host::new()
+        .uverbs()
+        .hca("mlx5_0", PCI0, roce())
+        .set("MOONCAKE_RDMA_DEVICES", "mlx5_9");
+    let r = h.run();
+    let c = check(&r, "rdma.filters");
+    assert_eq!(c.status, Status::Warn);
+    assert!(
+        c.saw.contains("matches none") && c.saw.contains("deprecated"),
+        "{}",
+        c.saw
+    );
+    assert!(fix(&r, "rdma.filters").contains("unset the legacy MOONCAKE_RDMA_DEVICES"));
 }
 
 #[test]
