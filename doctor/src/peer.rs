@@ -82,7 +82,11 @@ pub fn check(inp: &Inputs, config: &Config, peer: &str) -> Check {
                 .collect()
         })
         .unwrap_or_default();
-    let total: u64 = desc.buffers.iter().map(|b| b.length).sum();
+    // Peer bytes: lengths that overflow when added are saturated, not trusted.
+    let total: u64 = desc
+        .buffers
+        .iter()
+        .fold(0u64, |acc, b| acc.saturating_add(b.length));
     let mut saw = format!(
         "{peer} answers: segment {:?} serves {} with {} buffer(s), {} bytes in all",
         desc.name,

@@ -6,7 +6,7 @@
 //! {"python_version": "3.10.12", "implementation": "cpython", "interpreter_tag": "cp310",
 //!  "machine": "x86_64", "system": "Linux", "glibc": "2.35",
 //!  "wheel": {"name": "...", "version": "...", "tags": ["cp310-abi3-manylinux_2_35_x86_64"]},
-//!  "distributions": [{"name": "...", "version": "...", "location": "..."}]}
+//!  "distributions": [{"name": "...", "version": "...", "location": "...", "this_engine": true}]}
 //! ```
 
 use serde_json::{json, Value};
@@ -212,10 +212,22 @@ fn distributions(facts: &Value) -> Check {
         _ => Check::fail(
             "python.distributions",
             format!("{} installed distributions ship a `mooncake` package and overwrite each other's files: {}", named.len(), named.join("; ")),
-            format!("keep one: pip uninstall the others (for example `pip uninstall {}`), then reinstall the one you want with --force-reinstall", dists.iter().skip(1).map(|d| text(d, "name")).collect::<Vec<_>>().join(" ")),
+            format!("keep one: `pip uninstall {}`, then `pip install --force-reinstall` the one you keep (the files they share were overwritten)", others(&dists).join(" ")),
         )
         .with_data(data),
     }
+}
+
+/// The distributions to remove: all but this engine's (`this_engine`), else all but the first.
+fn others<'a>(dists: &[&'a Value]) -> Vec<&'a str> {
+    let ours = |d: &Value| d.get("this_engine").and_then(Value::as_bool) == Some(true);
+    let skip_first = !dists.iter().any(|d| ours(d));
+    dists
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| if skip_first { *i > 0 } else { !ours(d) })
+        .map(|(_, d)| text(d, "name"))
+        .collect()
 }
 
 #[cfg(test)]

@@ -469,7 +469,7 @@ fn python_facts_two_distributions_and_wrong_python() {
         "wheel": {"name": "mooncake-transfer-engine-musa", "version": "0.1.0",
                   "tags": ["cp310-cp310-manylinux_2_35_x86_64"]},
         "distributions": [
-            {"name": "mooncake-transfer-engine-musa", "version": "0.1.0", "location": "/venv/site-packages"},
+            {"name": "mooncake-transfer-engine-musa", "version": "0.1.0", "location": "/venv/site-packages", "this_engine": true},
             {"name": "mooncake-transfer-engine", "version": "0.3.12", "location": "/venv/site-packages"}
         ]
     }));
@@ -483,7 +483,11 @@ fn python_facts_two_distributions_and_wrong_python() {
     );
     let d = check(&r, "python.distributions");
     assert_eq!(d.status, Status::Fail);
-    assert!(fix(&r, "python.distributions").contains("pip uninstall mooncake-transfer-engine"));
+    assert!(
+        fix(&r, "python.distributions").contains("`pip uninstall mooncake-transfer-engine`"),
+        "{}",
+        fix(&r, "python.distributions")
+    );
     assert_eq!(r.exit_code(), 2);
 }
 

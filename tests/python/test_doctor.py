@@ -140,3 +140,21 @@ def test_last_error_info_after_failed_transfers(engine, peer, local_buffer):
     assert dead in info["peer"] and f"mooncake-doctor --peer {dead}" in info["hint"], info
     assert eng.batch_transfer_sync_write(peer.session_id, [a, a], [peer.buffer], [8, 8]) == -1
     assert TransferEngine.last_error_info()["kind"] == "invalid_argument"
+
+
+def test_two_distributions_shipping_mooncake_fail(tmp_path):
+    # A second distribution on the path that ships `mooncake/` files, as upstream's wheel does.
+    site = tmp_path / "site"
+    info = site / "mooncake_transfer_engine-0.3.12.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mooncake-transfer-engine\nVersion: 0.3.12\n")
+    (info / "RECORD").write_text("mooncake/__init__.py,,\nmooncake/engine.cpython-310-x86_64-linux-gnu.so,,\n")
+    env = host_env(tmp_path, PYTHONPATH=str(site))
+    out = run([DOCTOR, "--json", "--protocol", "tcp"], env)
+    assert out.returncode == 2, out.stdout + out.stderr
+    c = checks(out)["python.distributions"]
+    assert c["status"] == "fail", c
+    names = sorted(d["name"] for d in c["data"]["distributions"])
+    assert names == ["mooncake-transfer-engine", "mooncake-transfer-engine-musa"], c
+    # The one to remove is upstream's: ours ships mooncake/_native.
+    assert "`pip uninstall mooncake-transfer-engine`" in c["fix"], c["fix"]

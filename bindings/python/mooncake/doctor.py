@@ -31,6 +31,11 @@ def _ships_mooncake(dist):
     return any(str(f).replace("\\", "/").startswith("mooncake/") for f in files)
 
 
+def _ships_native(dist):
+    """Whether ``dist`` is this wheel: it ships ``mooncake/_native``."""
+    return any(str(f).replace("\\", "/").startswith("mooncake/_native") for f in (dist.files or []))
+
+
 def _mooncake_distributions():
     """Installed distributions with files under ``mooncake/`` (ours, upstream's, ...)."""
     found = []
@@ -55,10 +60,7 @@ def _wheel_of(dist):
 def facts():
     """What Python knows, as the Rust doctor reads it (see doctor/src/python.rs)."""
     dists = _mooncake_distributions()
-    ours = [
-        d for d in dists
-        if any(str(f).replace("\\", "/").startswith("mooncake/_native") for f in (d.files or []))
-    ]
+    ours = [d for d in dists if _ships_native(d)]
     return {
         "python_version": platform.python_version(),
         "implementation": sys.implementation.name,
@@ -69,7 +71,12 @@ def facts():
         "executable": sys.executable,
         "wheel": _wheel_of(ours[0]) if ours else None,
         "distributions": [
-            {"name": d.metadata["Name"], "version": d.version, "location": str(d.locate_file(""))}
+            {
+                "name": d.metadata["Name"],
+                "version": d.version,
+                "location": str(d.locate_file("")),
+                "this_engine": _ships_native(d),
+            }
             for d in dists
         ],
     }
