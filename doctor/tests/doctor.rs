@@ -77,6 +77,12 @@ impl Host {
         self
     }
 
+    fn hca_on(self, name: &str, pci: &str, numa: i32, port: PortSpec) -> Self {
+        self.sys.numa_node(numa as u32).unwrap();
+        self.sys.hca(name, pci, numa, &[port]).unwrap();
+        self
+    }
+
     fn uverbs(self) -> Self {
         let d = self.dir.join("dev/infiniband");
         std::fs::create_dir_all(&d).unwrap();
@@ -580,6 +586,99 @@ fn roots_on_the_command_line_win_over_the_variables() {
         hcas["saw"].as_str().unwrap().contains("no RDMA device"),
         "{hcas}"
     );
+}
+
+/// The soft NIC of engine/tests/soft_nic (a SOFTWARE libibverbs.so.1), built here.
+fn soft_nic() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("doctor-soft-nic");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libibverbs.so.1");
+    let tmp = dir.join(format!("libibverbs.so.1.{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/soft_nic");
+    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-O2", "-pthread", "-fvisibility=hidden"])
+        .arg("-Wl,-soname,libibverbs.so.1")
+        .arg(format!(
+            "-Wl,--version-script={}",
+            src.join("softnic.map").display()
+        ))
+        .arg("-o")
+        .arg(&tmp)
+        .arg(src.join("softnic.c"))
+        .output()
+        .expect("a C compiler (cc) builds the soft NIC");
+    assert!(
+        out.status.success(),
+        "building the soft NIC failed (it needs rdma-core's headers: apt-get install libibverbs-dev):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&tmp, &lib).unwrap();
+    lib
+}
+
+#[test]
+fn decision_over_the_soft_nic_is_rdma_with_hcas_per_location() {
+    let lib = soft_nic();
+    let h = Host::new()
+        .uverbs()
+        .hca_on("soft_0", PCI0, 0, roce())
+        .hca_on("soft_1", PCI1, 1, roce())
+        .set("MC_IBVERBS_PATH", lib.to_str().unwrap());
+    let out = h
+        .command()
+        .env("SOFTNIC_HCAS", "soft_0,soft_1")
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let doc = json_of(&out);
+    let by_id = |id: &str| {
+        doc["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        by_id("rdma.verbs")["data"]["devices"],
+        json!(["soft_0", "soft_1"])
+    );
+    let d = by_id("decision");
+    assert_eq!(d["data"]["transports"], json!(["rdma", "tcp"]), "{d}");
+    let hcas: Vec<&str> = d["data"]["hcas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(hcas, ["soft_0", "soft_1"]);
+    // Each CPU node prefers the HCA on its own node.
+    assert_eq!(d["data"]["matrix"]["cpu:0"][0], json!(["soft_0"]), "{d}");
+    assert_eq!(d["data"]["matrix"]["cpu:1"][0], json!(["soft_1"]), "{d}");
+    // The allow-list narrows the decision too.
+    let out = h
+        .command()
+        .env("SOFTNIC_HCAS", "soft_0,soft_1")
+        .env("MC_TE_FILTERS", "soft_1")
+        .arg("--json")
+        .output()
+        .unwrap();
+    let doc = json_of(&out);
+    let d = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "decision")
+        .unwrap();
+    assert_eq!(d["data"]["hcas"][0]["name"], "soft_1", "{d}");
+    assert_eq!(d["data"]["hcas"].as_array().unwrap().len(), 1);
 }
 
 // --- selftest and peer ---
