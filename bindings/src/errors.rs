@@ -164,6 +164,11 @@ fn transfer_cause(target: &str, e: &TransferError) -> Cause {
             Some(format!("MC_TRANSFER_TIMEOUT (seconds) bounds a transfer; {}", peer_hint(target))),
         ),
         TransferError::Canceled(_) => cause("canceled", Some(target), None),
+        TransferError::LocalNotRegistered { protocol, .. } => cause(
+            "local_not_registered",
+            Some(target),
+            Some(format!("{protocol} moves registered memory only: register the local buffer with register_memory first (MC_FORCE_TCP=1 moves unregistered memory over TCP)")),
+        ),
     }
 }
 
@@ -213,6 +218,11 @@ fn engine_cause(e: &EngineError) -> Cause {
             Some(format!("the peer serves no {protocol} endpoint this engine can use: mooncake-doctor --peer HOST:PORT shows what it serves")),
         ),
         EngineError::Transport(TransportError::Io { .. }) => cause("io", None, None),
+        EngineError::Transport(TransportError::Register { protocol, .. }) => cause(
+            "memory",
+            None,
+            Some(format!("the {protocol} transport could not register this memory with its devices: mooncake-doctor (rdma.peermem) checks the peer-memory module device memory needs")),
+        ),
         EngineError::Transfer { segment, source } => transfer_cause(segment, source),
         EngineError::Segment { segment, .. } => cause("peer_unreachable", Some(segment), Some(peer_hint(segment))),
         EngineError::Handshake { peer, .. } => cause("peer_unreachable", Some(peer), Some(peer_hint(peer))),
