@@ -2,7 +2,10 @@
 # Our transfer_engine_bench over RDMA through the soft NIC (engine/tests/soft_nic/: a
 # SOFTWARE stand-in for libibverbs.so.1, no hardware), against the raw reference of the
 # same run: the soft NIC's `selftest bench`, a process_vm_writev loop between two
-# processes (the copy the soft NIC itself does). Prints, per case, ours, raw and ours/raw.
+# processes (the copy the soft NIC itself does) over the same working set as our initiator
+# (THREADS x BATCH x BLOCK bytes: on this VM the copy rate falls steeply once that leaves
+# the caches, so a cache-hot reference would not measure the engine). Prints, per case,
+# ours, raw and ours/raw.
 #
 #   cargo build --release -p transfer-engine-bench
 #   scripts/bench-rdma-soft-nic.sh [BENCH_BIN]
@@ -68,11 +71,14 @@ export MC_IBVERBS_PATH="$WORK/libibverbs.so.1" MC_SYSFS_ROOT="$SYS" SOFTNIC_HCAS
 export MC_FORCE_HCA=1 MC_LOG_LEVEL="${MC_LOG_LEVEL:-warning}"
 unset MC_FORCE_TCP MC_TE_FILTERS MOONCAKE_RDMA_DEVICES
 
+BUFFER=$((256 << 20))
 raw() {  # raw SIZE -> GB/s of the raw process_vm_writev loop (best of selftest's 3 rounds)
-    local iters=$(( (8 << 30) / $1 ))
+    local iters=$(( (4 << 30) / $1 )) span=$((THREADS * BATCH * $1))
     [ "$iters" -gt 20000 ] && iters=20000
+    [ "$span" -gt "$BUFFER" ] && span=$BUFFER
     local line
-    line="$(SOFTNIC_DIR="$(fabric "raw-$1")" LD_LIBRARY_PATH="$WORK" "$WORK/selftest" bench "$1" "$iters")"
+    line="$(SOFTNIC_DIR="$(fabric "raw-$1-$RANDOM")" LD_LIBRARY_PATH="$WORK" \
+        "$WORK/selftest" bench "$1" "$iters" "$span")"
     echo "  selftest: $line" >&2
     sed -n 's/.*raw process_vm_writev \([0-9.]*\) GB\/s.*/\1/p' <<< "$line"
 }
@@ -82,7 +88,7 @@ ours() {  # ours OP BLOCK -> GB/s of our initiator against our target, protocol 
     dir="$(fabric "ours-$1-$2-$RANDOM")"
     log="$dir/target.log"
     SOFTNIC_DIR="$dir" "$BIN" --mode=target --protocol=rdma --device_name="$HCAS" \
-        --local_server_name=127.0.0.1 --buffer_size=$((256 << 20)) >"$log" 2>&1 </dev/null &
+        --local_server_name=127.0.0.1 --buffer_size=$BUFFER >"$log" 2>&1 </dev/null &
     local tpid=$!
     PIDS+=("$tpid")
     seg=""
@@ -97,7 +103,7 @@ ours() {  # ours OP BLOCK -> GB/s of our initiator against our target, protocol 
     out="$(SOFTNIC_DIR="$dir" "$BIN" --mode=initiator --protocol=rdma --device_name="$HCAS" \
         --local_server_name=127.0.0.1 --segment_id="$seg" --operation="$1" --block_size="$2" \
         --batch_size="$BATCH" --threads="$THREADS" --duration="$DURATION" \
-        --buffer_size=$((256 << 20)) --json)" || { echo "$out" >&2; exit 1; }
+        --buffer_size=$BUFFER --json)" || { echo "$out" >&2; exit 1; }
     kill "$tpid" 2>/dev/null || true
     wait "$tpid" 2>/dev/null || true
     grep -qx 'transport=rdma' <<< "$out" || { echo "initiator is not on RDMA: $out" >&2; exit 1; }
