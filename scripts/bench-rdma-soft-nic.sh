@@ -12,15 +12,17 @@
 #
 # BENCH_BIN defaults to $CARGO_TARGET_DIR/release/transfer_engine_bench (or target/).
 # Environment: HCAS (soft HCAs, default soft_0), DURATION (seconds per run, default 5),
-# BATCH (requests per batch, default 32), THREADS (default 1), BLOCKS (default
-# "65536 4194304"), OPS (default "write read"), ROUNDS (runs per case, the best is kept,
-# default 1), KEEP=1 keeps the work directory (logs, sysfs tree).
+# BATCH (requests per batch; default 32, fewer for large blocks so that a batch stays
+# within 16 MiB: 4 for 4 MiB), THREADS (default 1), BLOCKS (default "65536 4194304"), OPS
+# (default "write read"), ROUNDS (rounds of raw-then-ours per case, the best of each is
+# kept, default 3), KEEP=1 keeps the work directory (logs, sysfs tree). MC_* variables
+# (MC_SLICE_SIZE, MC_NUM_QP_PER_EP, ...) reach our engine.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${1:-${CARGO_TARGET_DIR:-$ROOT/target}/release/transfer_engine_bench}"
 [ -x "$BIN" ] || { echo "no $BIN: cargo build --release -p transfer-engine-bench" >&2; exit 1; }
-HCAS="${HCAS:-soft_0}" DURATION="${DURATION:-5}" BATCH="${BATCH:-32}" THREADS="${THREADS:-1}"
-BLOCKS="${BLOCKS:-65536 4194304}" OPS="${OPS:-write read}" ROUNDS="${ROUNDS:-1}"
+HCAS="${HCAS:-soft_0}" DURATION="${DURATION:-5}" THREADS="${THREADS:-1}"
+BLOCKS="${BLOCKS:-65536 4194304}" OPS="${OPS:-write read}" ROUNDS="${ROUNDS:-3}"
 SRC="$ROOT/engine/tests/soft_nic"
 WORK="$(mktemp -d)"
 PIDS=()
@@ -72,8 +74,16 @@ export MC_FORCE_HCA=1 MC_LOG_LEVEL="${MC_LOG_LEVEL:-warning}"
 unset MC_FORCE_TCP MC_TE_FILTERS MOONCAKE_RDMA_DEVICES
 
 BUFFER=$((256 << 20))
+batch_for() {  # batch_for BLOCK -> requests per batch
+    if [ -n "${BATCH:-}" ]; then echo "$BATCH"; return; fi
+    local b=$(( (16 << 20) / $1 ))
+    [ "$b" -gt 32 ] && b=32
+    [ "$b" -lt 1 ] && b=1
+    echo "$b"
+}
+
 raw() {  # raw SIZE -> GB/s of the raw process_vm_writev loop (best of selftest's 3 rounds)
-    local iters=$(( (4 << 30) / $1 )) span=$((THREADS * BATCH * $1))
+    local iters=$(( (4 << 30) / $1 )) span=$((THREADS * $(batch_for "$1") * $1))
     [ "$iters" -gt 20000 ] && iters=20000
     [ "$span" -gt "$BUFFER" ] && span=$BUFFER
     local line
@@ -93,7 +103,7 @@ ours() {  # ours OP BLOCK -> GB/s of our initiator against our target, protocol 
     PIDS+=("$tpid")
     seg=""
     for _ in $(seq 300); do
-        seg="$(sed -n 's/^segment_id=//p' "$log")"
+        seg="$(sed -n 's/^segment_id=//p' "$log" 2>/dev/null)"
         [ -n "$seg" ] && break
         kill -0 "$tpid" 2>/dev/null || break
         sleep 0.1
@@ -102,7 +112,7 @@ ours() {  # ours OP BLOCK -> GB/s of our initiator against our target, protocol 
     grep -qx 'transport=rdma' "$log" || { echo "target is not on RDMA:" >&2; cat "$log" >&2; exit 1; }
     out="$(SOFTNIC_DIR="$dir" "$BIN" --mode=initiator --protocol=rdma --device_name="$HCAS" \
         --local_server_name=127.0.0.1 --segment_id="$seg" --operation="$1" --block_size="$2" \
-        --batch_size="$BATCH" --threads="$THREADS" --duration="$DURATION" \
+        --batch_size="$(batch_for "$2")" --threads="$THREADS" --duration="$DURATION" \
         --buffer_size=$BUFFER --json)" || { echo "$out" >&2; exit 1; }
     kill "$tpid" 2>/dev/null || true
     wait "$tpid" 2>/dev/null || true
@@ -111,8 +121,8 @@ ours() {  # ours OP BLOCK -> GB/s of our initiator against our target, protocol 
     sed -n 's/.*"gb_per_s":\([0-9.e+-]*\).*/\1/p' <<< "$out" | tail -n1
 }
 
-echo "date $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, HCAS=$HCAS batch=$BATCH threads=$THREADS duration=${DURATION}s"
-printf '%-6s %9s %12s %12s %8s\n' op block "ours GB/s" "raw GB/s" ours/raw
+echo "date $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), HCAS=$HCAS threads=$THREADS duration=${DURATION}s rounds=$ROUNDS"
+printf '%-6s %9s %6s %12s %12s %8s\n' op block batch "ours GB/s" "raw GB/s" ours/raw
 for block in $BLOCKS; do
     for op in $OPS; do
         best_ours=0 best_raw=0
@@ -122,7 +132,8 @@ for block in $BLOCKS; do
             best_raw="$(awk -v a="$best_raw" -v b="$r" 'BEGIN { print (b > a) ? b : a }')"
             best_ours="$(awk -v a="$best_ours" -v b="$o" 'BEGIN { print (b > a) ? b : a }')"
         done
-        printf '%-6s %9s %12.2f %12.2f %7.0f%%\n' "$op" "$block" "$best_ours" "$best_raw" \
+        printf '%-6s %9s %6s %12.2f %12.2f %7.0f%%\n' "$op" "$block" "$(batch_for "$block")" \
+            "$best_ours" "$best_raw" \
             "$(awk -v a="$best_ours" -v b="$best_raw" 'BEGIN { print 100 * a / b }')"
     done
 done
