@@ -133,12 +133,7 @@ where
 fn run(flags: Flags) -> Result<(), BenchError> {
     let config = Config::from_env()?;
     transfer_engine::logging::init(config.log_level);
-    if !matches!(flags.protocol.as_str(), "tcp" | "rdma" | "") {
-        return Err(BenchError::Usage(format!(
-            "--protocol={} is not served by this benchmark; use tcp, rdma or \"\" (automatic)",
-            flags.protocol
-        )));
-    }
+    check_protocol(&flags.protocol)?;
     if flags.block_size == 0 || flags.batch_size == 0 || flags.threads == 0 {
         return Err(BenchError::Usage(
             "--block_size, --batch_size and --threads must be positive".into(),
@@ -289,6 +284,17 @@ fn initiate(
     Ok(())
 }
 
+/// The protocols this benchmark runs: `tcp`, `rdma` and `""` (the engine picks). Others
+/// (`nvlink`, ...) are refused before an engine starts.
+fn check_protocol(protocol: &str) -> Result<(), BenchError> {
+    if matches!(protocol, "tcp" | "rdma" | "") {
+        return Ok(());
+    }
+    Err(BenchError::Usage(format!(
+        "--protocol={protocol} is not served by this benchmark; use tcp, rdma or \"\" (automatic)"
+    )))
+}
+
 /// The protocol our segment descriptor announces, as peers decode it (what they use
 /// to reach us): `rdma` when the RDMA transport runs, `tcp` after a fallback.
 fn print_transport(engine: &TransferEngine) {
@@ -354,4 +360,21 @@ fn wait_for_termination_signal() {
     let mut sig = 0;
     // SAFETY: valid set and output pointer.
     unsafe { libc::sigwait(&set, &mut sig) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_rdma_and_automatic_are_accepted_other_protocols_are_refused() {
+        for ok in ["tcp", "rdma", ""] {
+            assert!(check_protocol(ok).is_ok(), "{ok:?}");
+        }
+        for refused in ["nvlink", "RDMA", "efa"] {
+            let err = check_protocol(refused).unwrap_err().to_string();
+            assert!(err.contains(&format!("--protocol={refused} ")), "{err}");
+            assert!(err.contains("tcp, rdma"), "{err}");
+        }
+    }
 }
