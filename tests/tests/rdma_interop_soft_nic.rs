@@ -63,8 +63,8 @@ fn skip_reason() -> Option<String> {
     }
 }
 
-/// Runs `test` of this binary inside run-in-ns.sh's namespace on a fresh two-HCA fabric;
-/// asserts it passed and returns its output.
+/// Runs `test` of this binary inside run-in-ns.sh's namespace on a fresh two-HCA fabric
+/// and asserts it passed (or says why it is skipped).
 fn run_in_namespace(test: &str) {
     if let Some(why) = skip_reason() {
         eprintln!("SKIPPED {test}: {why}");
