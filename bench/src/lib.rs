@@ -1,5 +1,10 @@
-//! `transfer_engine_bench`: upstream-compatible flags, TCP transport. Shared
-//! by the `transfer_engine_bench` binary and the wheel's console script.
+//! `transfer_engine_bench`: upstream-compatible flags, TCP or RDMA transport
+//! (`--protocol=tcp|rdma|""`, `--device_name` the HCA list as `initialize` takes it).
+//! Shared by the `transfer_engine_bench` binary and the wheel's console script.
+//!
+//! Both sides register their whole `--buffer_size` buffer (RDMA moves registered
+//! memory only) and print `transport=...`: the protocol their segment descriptor
+//! announces, so a run that fell back to TCP says so.
 //!
 //! Target: `--mode=target --metadata_server=P2PHANDSHAKE` prints
 //! `segment_id=HOST:PORT` and serves until SIGINT/SIGTERM.
@@ -13,7 +18,10 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgAction, Parser, ValueEnum};
 
-use transfer_engine::{Config, EngineError, HostBuffer, OpCode, Request, TransferEngine};
+use transfer_engine::wire::descriptor::SegmentDesc;
+use transfer_engine::{
+    Config, EngineError, HostBuffer, OpCode, Request, TransferEngine, TransportRequest,
+};
 
 /// Why a benchmark run stopped.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +43,7 @@ enum BenchError {
 #[derive(Parser, Debug)]
 #[command(
     name = "transfer_engine_bench",
-    about = "Transfer engine throughput benchmark (TCP)"
+    about = "Transfer engine throughput benchmark (TCP or RDMA)"
 )]
 struct Flags {
     /// initiator or target
@@ -44,7 +52,7 @@ struct Flags {
     /// read or write
     #[arg(long, value_enum, default_value = "read")]
     operation: Operation,
-    /// transport protocol; this build moves data over tcp
+    /// transport protocol: tcp, rdma, or "" (the engine picks); upstream defaults to rdma
     #[arg(long, default_value = "tcp")]
     protocol: String,
     /// metadata connection string
@@ -56,7 +64,7 @@ struct Flags {
     /// target segment id (`host:rpc_port` printed by the target)
     #[arg(long = "segment_id", default_value = "")]
     segment_id: String,
-    /// RDMA device list (accepted for compatibility; unused over TCP)
+    /// RDMA device list (comma-separated HCA names; empty: all)
     #[arg(long = "device_name", default_value = "")]
     device_name: String,
     /// accepted for compatibility
@@ -125,12 +133,7 @@ where
 fn run(flags: Flags) -> Result<(), BenchError> {
     let config = Config::from_env()?;
     transfer_engine::logging::init(config.log_level);
-    if flags.protocol != "tcp" {
-        return Err(BenchError::Usage(format!(
-            "--protocol={} is not available in this build; use --protocol=tcp",
-            flags.protocol
-        )));
-    }
+    check_protocol(&flags.protocol)?;
     if flags.block_size == 0 || flags.batch_size == 0 || flags.threads == 0 {
         return Err(BenchError::Usage(
             "--block_size, --batch_size and --threads must be positive".into(),
@@ -146,7 +149,8 @@ fn run(flags: Flags) -> Result<(), BenchError> {
     if matches!(flags.mode, Mode::Target) {
         block_termination_signals();
     }
-    let engine = TransferEngine::new(&host, &flags.metadata_server, config)?;
+    let request = TransportRequest::new(&flags.protocol, &flags.device_name);
+    let engine = TransferEngine::with_transports(&host, &flags.metadata_server, config, &request)?;
     let buffer = HostBuffer::try_new(flags.buffer_size as usize).ok_or_else(|| {
         BenchError::Usage(format!(
             "cannot allocate {} bytes for --buffer_size",
@@ -154,10 +158,13 @@ fn run(flags: Flags) -> Result<(), BenchError> {
         ))
     })?;
     buffer.fill(0xCC);
+    // Both sides register: RDMA moves registered memory only.
     engine.register_memory(buffer.addr(), flags.buffer_size, "cpu:0")?;
     match flags.mode {
         Mode::Target => {
+            // `segment_id=` stays the first line: scripts wait for it.
             println!("segment_id={}", engine.session_id());
+            print_transport(&engine);
             println!("buffer={:#x} size={}", buffer.addr(), flags.buffer_size);
             use std::io::Write;
             let _ = std::io::stdout().flush();
@@ -165,7 +172,10 @@ fn run(flags: Flags) -> Result<(), BenchError> {
             drop(engine);
             Ok(())
         }
-        Mode::Initiator => initiate(&flags, &engine, &buffer, unit),
+        Mode::Initiator => {
+            print_transport(&engine);
+            initiate(&flags, &engine, &buffer, unit)
+        }
     }
 }
 
@@ -274,6 +284,28 @@ fn initiate(
     Ok(())
 }
 
+/// The protocols this benchmark runs: `tcp`, `rdma` and `""` (the engine picks). Others
+/// (`nvlink`, ...) are refused before an engine starts.
+fn check_protocol(protocol: &str) -> Result<(), BenchError> {
+    if matches!(protocol, "tcp" | "rdma" | "") {
+        return Ok(());
+    }
+    Err(BenchError::Usage(format!(
+        "--protocol={protocol} is not served by this benchmark; use tcp, rdma or \"\" (automatic)"
+    )))
+}
+
+/// The protocol our segment descriptor announces, as peers decode it (what they use
+/// to reach us): `rdma` when the RDMA transport runs, `tcp` after a fallback.
+fn print_transport(engine: &TransferEngine) {
+    let encoded = engine.local_descriptor().encode();
+    let protocol = match SegmentDesc::decode(&encoded) {
+        Ok(desc) => desc.protocol.join(","),
+        Err(e) => format!("unknown ({e})"),
+    };
+    println!("transport={protocol}");
+}
+
 fn unit_divisor(unit: &str) -> Result<(f64, &'static str), BenchError> {
     Ok(match unit {
         "GB" => (1e9, "GB"),
@@ -328,4 +360,21 @@ fn wait_for_termination_signal() {
     let mut sig = 0;
     // SAFETY: valid set and output pointer.
     unsafe { libc::sigwait(&set, &mut sig) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_rdma_and_automatic_are_accepted_other_protocols_are_refused() {
+        for ok in ["tcp", "rdma", ""] {
+            assert!(check_protocol(ok).is_ok(), "{ok:?}");
+        }
+        for refused in ["nvlink", "RDMA", "efa"] {
+            let err = check_protocol(refused).unwrap_err().to_string();
+            assert!(err.contains(&format!("--protocol={refused} ")), "{err}");
+            assert!(err.contains("tcp, rdma"), "{err}");
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! The console scripts' Rust side: `transfer_engine_bench`, `transfer_engine_topology_dump`
-//! and `mooncake_http_metadata_server` (the wheel's `mooncake._cli` calls these).
+//! The console scripts' Rust side: `transfer_engine_bench`, `transfer_engine_topology_dump`,
+//! `mooncake-doctor` and `mooncake_http_metadata_server` (the wheel's `mooncake._cli` calls these).
 
 use transfer_engine::{topology, Config};
 
@@ -64,6 +64,11 @@ pub fn topology_dump_main(args: &[String]) -> i32 {
 /// `transfer_engine_bench ...`: the engine's benchmark, upstream's flags.
 pub fn bench_main(args: &[String]) -> i32 {
     transfer_engine_bench::main_with_args(args.iter().cloned())
+}
+
+/// `mooncake-doctor ...`: checks this host; `facts` are the Python side's (JSON).
+pub fn doctor_main(args: &[String], facts: Option<&str>) -> i32 {
+    transfer_engine_doctor::main_with_args(args, facts)
 }
 
 /// `mooncake_http_metadata_server [--host H] [--port P] ...`: the HTTP metadata server

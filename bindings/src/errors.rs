@@ -7,6 +7,7 @@
 //! extraction raises `TypeError` before a call starts.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use thiserror::Error;
 use transfer_engine::{EngineError, TransferError};
@@ -60,23 +61,252 @@ impl BindingError {
     }
 }
 
-thread_local! {
-    static LAST_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
+/// The typed cause of a failed call, as `TransferEngine.last_error_info()` returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorInfo {
+    /// What kind of failure (`rdma_unavailable`, `peer_unreachable`, ...): see [`Cause`].
+    pub kind: &'static str,
+    /// The full reason, `call: why` (what `last_error()` returns).
+    pub message: String,
+    /// The binding call that failed.
+    pub call: String,
+    /// The peer (segment or address) involved, if any.
+    pub peer: Option<String>,
+    /// The `MC_*` variable or `mooncake-doctor` check that helps.
+    pub hint: Option<String>,
+    /// The return code the call gave.
+    pub code: i32,
 }
+
+/// The typed part of a failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    /// One of: `not_initialized`, `invalid_argument`, `config`, `memory`, `listen`,
+    /// `protocol_not_served`, `rdma_unavailable`, `gpu_unavailable`, `transport_refused`,
+    /// `protocol_mismatch`, `peer_unreachable`, `peer_lost`, `address_rejected`,
+    /// `peer_protocol_error`, `metadata`, `timeout`, `canceled`, `unsupported`,
+    /// `interrupted`, `io`.
+    pub kind: &'static str,
+    /// The peer involved.
+    pub peer: Option<String>,
+    /// What helps.
+    pub hint: Option<String>,
+}
+
+fn cause(kind: &'static str, peer: Option<&str>, hint: Option<String>) -> Cause {
+    Cause {
+        kind,
+        peer: peer.map(str::to_string),
+        hint,
+    }
+}
+
+fn peer_hint(peer: &str) -> String {
+    format!("mooncake-doctor --peer {peer} checks that the peer answers; MC_HANDSHAKE_TIMEOUT bounds the handshake")
+}
+
+impl BindingError {
+    /// The typed cause: kind, peer and hint.
+    pub fn cause(&self) -> Cause {
+        match self {
+            Self::NotInitialized => cause(
+                "not_initialized",
+                None,
+                Some("call initialize() first; if it returned -1, last_error_info() of that call says why".into()),
+            ),
+            Self::InvalidArgument(_) | Self::UnknownBatch(_) => cause("invalid_argument", None, None),
+            Self::Managed(_) => cause("memory", None, None),
+            Self::Interrupted => cause("interrupted", None, None),
+            Self::Transfer { target, source, .. } => transfer_cause(target, source),
+            Self::Engine(e) => engine_cause(e),
+        }
+    }
+
+    /// The typed cause of this failure of `call`, with its message and return code.
+    pub fn info(&self, call: &str) -> ErrorInfo {
+        let c = self.cause();
+        ErrorInfo {
+            kind: c.kind,
+            message: format!("{call}: {self}"),
+            call: call.to_string(),
+            peer: c.peer,
+            hint: c.hint,
+            code: self.code(),
+        }
+    }
+}
+
+fn transfer_cause(target: &str, e: &TransferError) -> Cause {
+    match e {
+        TransferError::PeerUnreachable { peer, .. } => cause(
+            "peer_unreachable",
+            Some(peer),
+            Some(format!("{}; the peer's data port must be reachable from here (MC_TCP_BIND_ADDRESS on the peer)", peer_hint(target))),
+        ),
+        TransferError::PeerGone { peer, .. } => cause(
+            "peer_lost",
+            Some(peer),
+            Some(peer_hint(target)),
+        ),
+        TransferError::AddressRejected { peer, .. } => cause(
+            "address_rejected",
+            Some(peer),
+            Some("the remote range must lie inside one buffer the peer registered: compare with get_first_buffer_address / the peer's register_memory calls".into()),
+        ),
+        TransferError::Protocol { peer, .. } => cause(
+            "peer_protocol_error",
+            Some(peer),
+            Some("the peer speaks another protocol version: MC_TCP_PROTO=1 forces v1 framing; mooncake-doctor --peer shows what it serves".into()),
+        ),
+        TransferError::Timeout(_) => cause(
+            "timeout",
+            Some(target),
+            Some(format!("MC_TRANSFER_TIMEOUT (seconds) bounds a transfer; {}", peer_hint(target))),
+        ),
+        TransferError::Canceled(_) => cause("canceled", Some(target), None),
+        TransferError::LocalNotRegistered { protocol, .. } => cause(
+            "local_not_registered",
+            Some(target),
+            Some(format!("{protocol} moves registered memory only: register the local buffer with register_memory first (MC_FORCE_TCP=1 moves unregistered memory over TCP)")),
+        ),
+    }
+}
+
+fn engine_cause(e: &EngineError) -> Cause {
+    use transfer_engine::metadata::MetadataError;
+    use transfer_engine::transport::TransportError;
+    match e {
+        EngineError::Config(c) => cause(
+            "config",
+            None,
+            Some(format!("{} has a value the engine cannot use; mooncake-doctor checks every MC_* variable", c.var)),
+        ),
+        EngineError::Memory(_) => cause("memory", None, None),
+        EngineError::InvalidArgument(_) => cause("invalid_argument", None, None),
+        EngineError::Listen { .. } => cause(
+            "listen",
+            None,
+            Some("MC_MIN_RPC_PORT / MC_MAX_RPC_PORT give the port range; MC_TCP_BIND_ADDRESS the address".into()),
+        ),
+        EngineError::Metadata(MetadataError::Handshake { peer, source }) => {
+            let kind = if source.to_string().contains("deadline") {
+                "timeout"
+            } else {
+                "peer_unreachable"
+            };
+            cause(kind, Some(peer), Some(peer_hint(peer)))
+        }
+        EngineError::Metadata(MetadataError::BadDescriptor { segment, .. }) => cause(
+            "peer_protocol_error",
+            Some(segment),
+            Some(peer_hint(segment)),
+        ),
+        EngineError::Metadata(MetadataError::UnknownSegment { segment, .. }) => cause(
+            "peer_unreachable",
+            Some(segment),
+            Some("the segment has not joined this metadata store: check the peer's metadata_server argument and MC_METADATA_CLUSTER_ID".into()),
+        ),
+        EngineError::Metadata(MetadataError::Store { store, .. }) => cause(
+            "metadata",
+            None,
+            Some(format!("the metadata store {store} must be reachable; mooncake_http_metadata_server serves one")),
+        ),
+        EngineError::Transport(TransportError::Refused(why)) => refused_cause(why),
+        EngineError::Transport(TransportError::Unusable { segment, protocol, .. }) => cause(
+            "protocol_mismatch",
+            Some(segment),
+            Some(format!("the peer serves no {protocol} endpoint this engine can use: mooncake-doctor --peer HOST:PORT shows what it serves")),
+        ),
+        EngineError::Transport(TransportError::Io { .. }) => cause("io", None, None),
+        EngineError::Transport(TransportError::Register { protocol, .. }) => cause(
+            "memory",
+            None,
+            Some(format!("the {protocol} transport could not register this memory with its devices: mooncake-doctor (rdma.peermem) checks the peer-memory module device memory needs")),
+        ),
+        EngineError::Transfer { segment, source } => transfer_cause(segment, source),
+        EngineError::Segment { segment, .. } => cause("peer_unreachable", Some(segment), Some(peer_hint(segment))),
+        EngineError::Handshake { peer, .. } => cause("peer_unreachable", Some(peer), Some(peer_hint(peer))),
+        EngineError::Device(_) => cause(
+            "gpu_unavailable",
+            None,
+            Some("MC_GPU_RUNTIME picks the runtime, MC_MUSART_PATH / MC_CUDART_PATH its file; mooncake-doctor (gpu.runtime) lists what was tried".into()),
+        ),
+        EngineError::Unsupported(_) => cause("unsupported", None, None),
+        EngineError::Wire(_) => cause("peer_protocol_error", None, None),
+    }
+}
+
+/// Why `initialize` refused its transports, told apart by the reasons
+/// `transport::select` gives (its messages are the engine's contract with this function;
+/// `refused_kinds` in the tests pins them).
+fn refused_cause(why: &str) -> Cause {
+    if why.contains("is not served by this engine") || why.starts_with("unknown protocol") {
+        cause(
+            "protocol_not_served",
+            None,
+            Some("initialize's protocol must be \"tcp\", \"rdma\", \"\" (automatic), \"nvlink_intra\" or \"musa\"".into()),
+        )
+    } else if why.contains("MC_FORCE_HCA") || why.contains("RDMA") || why.contains("HCA") {
+        cause(
+            "rdma_unavailable",
+            None,
+            Some("mooncake-doctor (rdma.* and decision checks) says what is missing; unset MC_FORCE_HCA to allow the TCP fallback, MC_TE_FILTERS names the HCAs".into()),
+        )
+    } else if why.contains("GPU runtime") || why.contains("runtime reports no device") {
+        cause(
+            "gpu_unavailable",
+            None,
+            Some("mooncake-doctor (gpu.runtime) lists the runtime libraries tried; MC_GPU_RUNTIME, MC_MUSART_PATH".into()),
+        )
+    } else if why.contains("MC_CUSTOM_TOPO_JSON") {
+        cause(
+            "config",
+            None,
+            Some("fix or unset MC_CUSTOM_TOPO_JSON".into()),
+        )
+    } else {
+        cause(
+            "transport_refused",
+            None,
+            Some(
+                "mooncake-doctor --selftest starts the same transports and says why they fail"
+                    .into(),
+            ),
+        )
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<Option<ErrorInfo>> = const { RefCell::new(None) };
+}
+
+static FIRST_FAILURE: AtomicBool = AtomicBool::new(false);
 
 /// The reason the calling thread's last engine call failed; `None` if it succeeded.
 pub fn last_error() -> Option<String> {
+    LAST_ERROR.with(|e| e.borrow().as_ref().map(|i| i.message.clone()))
+}
+
+/// The typed cause of the calling thread's last failed call; `None` if it succeeded.
+pub fn last_error_info() -> Option<ErrorInfo> {
     LAST_ERROR.with(|e| e.borrow().clone())
 }
 
 /// Records the outcome of the call named `call` for [`last_error`], logging a failure.
+/// The first failure of the process also says where to look next.
 pub fn settle<T>(call: &str, result: Result<T, BindingError>) -> Result<T, BindingError> {
     match &result {
         Ok(_) => LAST_ERROR.with(|e| e.borrow_mut().take()),
         Err(err) => {
-            let reason = format!("{call}: {err}");
-            tracing::error!("{reason}");
-            LAST_ERROR.with(|e| e.borrow_mut().replace(reason))
+            let info = err.info(call);
+            tracing::error!("{}", info.message);
+            if !FIRST_FAILURE.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "first failure of this process ({}): run `mooncake-doctor` (or `python -m mooncake.doctor`) to check this host; TransferEngine.last_error_info() gives the cause",
+                    info.kind
+                );
+            }
+            LAST_ERROR.with(|e| e.borrow_mut().replace(info))
         }
     };
     result
@@ -115,6 +345,61 @@ mod tests {
             .unwrap();
         assert_eq!(value_or("other", Ok(7), 0), 7);
         assert_eq!(last_error(), None);
+    }
+
+    #[test]
+    fn causes_are_typed() {
+        let refused = |why: &str| {
+            BindingError::Engine(EngineError::Transport(
+                transfer_engine::transport::TransportError::Refused(why.into()),
+            ))
+        };
+        assert_eq!(
+            status(
+                "initialize",
+                Err(refused(
+                    "protocol \"efa\" (AWS) is not served by this engine; ..."
+                ))
+            ),
+            -1
+        );
+        let info = last_error_info().unwrap();
+        assert_eq!(info.kind, "protocol_not_served");
+        assert_eq!(info.call, "initialize");
+        assert_eq!(Some(info.message), last_error());
+        assert_eq!(
+            refused("MC_FORCE_HCA is set but RDMA cannot be used: no HCA")
+                .cause()
+                .kind,
+            "rdma_unavailable"
+        );
+        let t = BindingError::Transfer {
+            what: "transfer".into(),
+            target: "127.0.0.1:1".into(),
+            source: TransferError::PeerUnreachable {
+                peer: "127.0.0.1:2".into(),
+                reason: "refused".into(),
+            },
+        };
+        let c = t.cause();
+        assert_eq!(
+            (c.kind, c.peer.as_deref()),
+            ("peer_unreachable", Some("127.0.0.1:2"))
+        );
+        assert!(c
+            .hint
+            .unwrap()
+            .contains("mooncake-doctor --peer 127.0.0.1:1"));
+        let timeout = BindingError::Transfer {
+            what: "transfer".into(),
+            target: "h:1".into(),
+            source: TransferError::Timeout(std::time::Duration::from_secs(5)),
+        };
+        assert!(timeout
+            .cause()
+            .hint
+            .unwrap()
+            .contains("MC_TRANSFER_TIMEOUT"));
     }
 
     #[test]

@@ -42,6 +42,14 @@ fn run_topology_dump(argv: Vec<String>) -> i32 {
     cli::topology_dump_main(&argv)
 }
 
+/// `mooncake-doctor`: `facts` is the JSON of what Python knows (mooncake/doctor.py).
+#[cfg(feature = "python")]
+#[pyfunction]
+#[pyo3(signature = (argv, facts=None))]
+fn run_doctor(py: Python<'_>, argv: Vec<String>, facts: Option<String>) -> i32 {
+    py.detach(|| cli::doctor_main(&argv, facts.as_deref()))
+}
+
 #[cfg(feature = "python")]
 #[pyfunction]
 fn run_http_metadata_server(py: Python<'_>, argv: Vec<String>) -> i32 {
@@ -59,7 +67,7 @@ mod native {
     #[pymodule_export]
     use super::py_types::{PyInnerTransferEngine, PyTransferNotify, PyTransferOpcode};
     #[pymodule_export]
-    use super::{run_bench, run_http_metadata_server, run_topology_dump};
+    use super::{run_bench, run_doctor, run_http_metadata_server, run_topology_dump};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

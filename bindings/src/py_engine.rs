@@ -6,7 +6,7 @@
 //! the wrong type raise `TypeError` before anything runs.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyType};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyType};
 use transfer_engine::{OpCode, Request};
 
 use crate::errors::{self, BindingError};
@@ -89,6 +89,25 @@ impl PyTransferEngine {
     #[staticmethod]
     fn last_error() -> Option<String> {
         errors::last_error()
+    }
+
+    /// The typed cause of the calling thread's last failed call, as a dict: `kind`
+    /// (`rdma_unavailable`, `peer_unreachable`, `address_rejected`, `timeout`, ...),
+    /// `message` (what `last_error()` returns), `call`, `peer`, `hint` (the `MC_*`
+    /// variable or `mooncake-doctor` check that helps), `code`; None if it succeeded.
+    #[staticmethod]
+    fn last_error_info(py: Python<'_>) -> PyResult<Option<Bound<'_, PyDict>>> {
+        let Some(info) = errors::last_error_info() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("kind", info.kind)?;
+        d.set_item("message", info.message)?;
+        d.set_item("call", info.call)?;
+        d.set_item("peer", info.peer)?;
+        d.set_item("hint", info.hint)?;
+        d.set_item("code", info.code)?;
+        Ok(Some(d))
     }
 
     #[pyo3(signature = (local_hostname, metadata_server, protocol, device_name))]

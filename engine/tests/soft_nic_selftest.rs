@@ -283,4 +283,11 @@ fn bench_mode_runs_and_prints_the_ratio() {
         "{out}"
     );
     print!("{out}");
+    // Cycling over 16 blocks (and fewer WRITEs than blocks): every written block verified.
+    for iters in ["200", "10"] {
+        let fabric = SoftFabric::new(&["soft_0"]);
+        let out = passes(&fabric, &["bench", "65536", iters, "1048576"], &[]);
+        assert!(out.contains("span 1048576:"), "{out}");
+        print!("{out}");
+    }
 }

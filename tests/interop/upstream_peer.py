@@ -2,8 +2,9 @@
 """One Transfer Engine peer driven by the published upstream wheel (`mooncake.engine`).
 
 Run it with the upstream venv's python (scripts/setup-upstream.sh prints the path). Every
-engine is created with ``initialize(host, METADATA, "tcp", "")`` (``--metadata``, default
-"P2PHANDSHAKE") and ``MC_FORCE_TCP=1`` (set here unless the caller set it), so only the TCP
+engine is created with ``initialize(host, METADATA, PROTOCOL, DEVICE)`` (``--metadata``,
+default "P2PHANDSHAKE"; ``--protocol``, default "tcp"; ``--device``, default ""); with
+protocol tcp ``MC_FORCE_TCP=1`` is set here unless the caller set it, so only the TCP
 transport is installed. In P2P mode the session id of an engine is
 ``"<host>:<get_rpc_port()>"`` (any port in the hostname is ignored upstream); with a
 metadata store (``http://...``, ``etcd://...``) it is ``--host`` verbatim.
@@ -230,7 +231,8 @@ class Buffer:
 
 
 def make_engine(args):
-    os.environ.setdefault("MC_FORCE_TCP", "1")
+    if args.protocol == "tcp":
+        os.environ.setdefault("MC_FORCE_TCP", "1")
     from mooncake.engine import TransferEngine  # imported late: after the fd-1 redirect
 
     engine = TransferEngine()

@@ -26,9 +26,8 @@ pub fn peer_script() -> PathBuf {
 }
 
 /// The python of the venv that holds the upstream wheel: `$UPSTREAM_PYTHON`, else
-/// `<repo>/.venv-upstream/bin/python`. Panics (the test fails, it is not skipped) when
-/// neither exists, saying how to create it.
-pub fn upstream_python() -> PathBuf {
+/// `<repo>/.venv-upstream/bin/python`; `Err` says which path is missing and how to make it.
+pub fn find_upstream_python() -> Result<PathBuf, String> {
     let (path, from) = match std::env::var_os("UPSTREAM_PYTHON") {
         Some(p) if !p.is_empty() => (PathBuf::from(p), "$UPSTREAM_PYTHON"),
         _ => (
@@ -37,16 +36,22 @@ pub fn upstream_python() -> PathBuf {
         ),
     };
     if !path.exists() {
-        panic!(
+        return Err(format!(
             "the upstream wheel's python is missing: {} (from {from}) does not exist.\n\
              Run `scripts/setup-upstream.sh` (it creates {}/.venv-upstream with \
              mooncake-transfer-engine-non-cuda and prints its python), or point \
              UPSTREAM_PYTHON at a python that can `from mooncake.engine import TransferEngine`.",
             path.display(),
             repo_root().display()
-        );
+        ));
     }
-    path
+    Ok(path)
+}
+
+/// [`find_upstream_python`], panicking (the test fails, it is not skipped) when it is
+/// missing.
+pub fn upstream_python() -> PathBuf {
+    find_upstream_python().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Installs our engine's log subscriber once: level from `MC_LOG_LEVEL` when set, else
@@ -217,6 +222,16 @@ pub fn upstream_command(args: &[String]) -> Command {
     cmd
 }
 
+/// [`upstream_command`] for an upstream engine on RDMA: `--protocol rdma --device
+/// DEVICES` after `args`, and no `MC_FORCE_TCP`.
+pub fn upstream_rdma_command(args: &[String], devices: &str) -> Command {
+    let mut args = args.to_vec();
+    args.extend(["--protocol", "rdma", "--device", devices].map(String::from));
+    let mut cmd = upstream_command(&args);
+    cmd.env_remove("MC_FORCE_TCP");
+    cmd
+}
+
 /// How a finished `upstream_peer.py` run ended.
 #[derive(Debug)]
 pub struct Finished {
@@ -262,10 +277,20 @@ fn tail(s: &str, n: usize) -> String {
 /// Runs `upstream_peer.py ARGS` to completion; panics (after killing it) if it runs past
 /// `limit`.
 pub fn run_upstream(args: &[String], limit: Duration) -> Finished {
+    run_upstream_command(upstream_command(args), limit)
+}
+
+/// [`run_upstream`] with a command made by [`upstream_command`] or
+/// [`upstream_rdma_command`].
+pub fn run_upstream_command(mut cmd: Command, limit: Duration) -> Finished {
+    let args: Vec<String> = cmd
+        .get_args()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let started = Instant::now();
     let mut child = KillOnDrop(
-        upstream_command(args)
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -309,6 +334,18 @@ pub struct UpstreamTarget {
 impl UpstreamTarget {
     /// Starts a target with `size` bytes holding `pattern(seed)` and waits for its hello line.
     pub fn spawn(size: u64, seed: u64) -> Self {
+        Self::spawn_command(upstream_command(&Self::args(size, seed)), size)
+    }
+
+    /// [`spawn`](Self::spawn) on RDMA over the HCAs `devices` ([`upstream_rdma_command`]).
+    pub fn spawn_rdma(size: u64, seed: u64, devices: &str) -> Self {
+        Self::spawn_command(
+            upstream_rdma_command(&Self::args(size, seed), devices),
+            size,
+        )
+    }
+
+    fn args(size: u64, seed: u64) -> Vec<String> {
         let args = [
             "target",
             "--size",
@@ -316,10 +353,12 @@ impl UpstreamTarget {
             "--pattern-seed",
             &seed.to_string(),
         ];
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn spawn_command(mut cmd: Command, size: u64) -> Self {
         let mut child = KillOnDrop(
-            upstream_command(&args)
-                .stdin(Stdio::piped())
+            cmd.stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()

@@ -1,5 +1,5 @@
-"""Console scripts ``transfer_engine_bench``, ``transfer_engine_topology_dump`` and
-``mooncake_http_metadata_server``.
+"""Console scripts ``transfer_engine_bench``, ``transfer_engine_topology_dump``,
+``mooncake-doctor`` and ``mooncake_http_metadata_server``.
 
 All run in Rust; Ctrl-C ends them as it ends a native program.
 """
@@ -33,3 +33,9 @@ def mooncake_http_metadata_server() -> None:
     _native_signals()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.exit(_native.run_http_metadata_server(sys.argv))
+
+
+def mooncake_doctor() -> None:
+    from mooncake import doctor
+
+    sys.exit(doctor.main(sys.argv))

@@ -7,7 +7,7 @@ thread's last failed call is ``TransferEngine.last_error()``; every failure is a
 Arguments of the wrong type raise ``TypeError``. Every call that can block releases the GIL.
 """
 
-from typing import ClassVar, Final, List, Optional, Sequence, Union, final
+from typing import Any, ClassVar, Dict, Final, List, Optional, Sequence, Union, final
 
 __version__: Final[str]
 
@@ -71,6 +71,15 @@ class TransferEngine:
     def last_error() -> Optional[str]:
         """Why the calling thread's last call that reports failures (by return code) failed;
         ``None`` if that call succeeded."""
+
+    @staticmethod
+    def last_error_info() -> Optional[Dict[str, Any]]:
+        """The typed cause of the calling thread's last failed call: ``kind``
+        (``"rdma_unavailable"``, ``"protocol_not_served"``, ``"peer_unreachable"``,
+        ``"address_rejected"``, ``"timeout"``, ``"invalid_argument"``, ``"memory"``, ...),
+        ``message`` (what ``last_error()`` returns), ``call``, ``peer``, ``hint`` (the
+        ``MC_*`` variable or ``mooncake-doctor`` check that helps) and ``code``; ``None``
+        if that call succeeded."""
 
     def initialize(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str) -> int:
         """Start the engine. ``metadata_server``: ``"P2PHANDSHAKE"`` (peers address this engine

@@ -372,7 +372,14 @@ impl Choice {
 
 /// Loads the runtime `choice` asks for; the error lists everything tried.
 pub fn load(choice: Choice) -> Result<Runtime, Vec<LoadError>> {
-    let env = |k: &str| std::env::var(k).ok();
+    load_with(choice, &|k: &str| std::env::var(k).ok())
+}
+
+/// As [`load`], reading variables through `env` (the doctor passes its own).
+pub fn load_with(
+    choice: Choice,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Runtime, Vec<LoadError>> {
     let sp = loader::site_packages();
     let vendors: &[Vendor] = match choice {
         Choice::None => return Err(Vec::new()),
@@ -383,7 +390,7 @@ pub fn load(choice: Choice) -> Result<Runtime, Vec<LoadError>> {
     let mut errors = Vec::new();
     let mut deviceless = None;
     for &v in vendors {
-        match Runtime::load(v, &loader::candidates(v, &env, &sp)) {
+        match Runtime::load(v, &loader::candidates(v, env, &sp)) {
             Ok(rt) if rt.device_count() > 0 => return Ok(rt),
             Ok(rt) => {
                 deviceless.get_or_insert(rt);

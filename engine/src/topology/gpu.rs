@@ -11,9 +11,14 @@ pub struct Gpu {
 
 /// The GPUs of the process-wide runtime (none when no runtime is loaded).
 pub fn discover() -> Vec<Gpu> {
-    let Ok(rt) = crate::device::runtime() else {
-        return Vec::new();
-    };
+    match crate::device::runtime() {
+        Ok(rt) => of_runtime(&rt),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The GPUs `rt` reports (the doctor passes a runtime it loaded itself).
+pub fn of_runtime(rt: &crate::device::Runtime) -> Vec<Gpu> {
     (0..rt.device_count())
         .map(|i| Gpu {
             location: format!("{}:{i}", rt.vendor().prefix()),

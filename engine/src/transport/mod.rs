@@ -249,8 +249,8 @@ fn gpu_with_devices() -> bool {
         .is_some_and(|rt| rt.device_count() > 0)
 }
 
-/// RLIMIT_MEMLOCK and whether CAP_IPC_LOCK lifts it.
-fn memlock() -> select::Memlock {
+/// RLIMIT_MEMLOCK and whether CAP_IPC_LOCK lifts it, for this process.
+pub fn memlock() -> select::Memlock {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -1,0 +1,126 @@
+//! `decision`: what `initialize(protocol, device_name)` would start now, and why — the
+//! engine's own `select::decide` over the facts gathered for this run.
+
+use serde_json::json;
+use transfer_engine::transport::select::{self, GpuPresence};
+
+use crate::host::Inputs;
+use crate::probe::{Facts, GpuFacts};
+use crate::report::Check;
+
+/// The decision check.
+pub fn check(inp: &Inputs, facts: &Facts) -> Check {
+    let config = match &facts.config {
+        Ok(c) => c,
+        Err(e) => {
+            return Check::fail(
+                "decision",
+                format!("initialize would fail: {e}"),
+                "fix the variable named above",
+            )
+        }
+    };
+    let gpu = match &facts.gpu {
+        GpuFacts::Loaded(rt) => GpuPresence::Runtime {
+            vendor: rt.vendor(),
+            devices: rt.device_count(),
+        },
+        GpuFacts::Disabled => GpuPresence::Absent("MC_GPU_RUNTIME=none".into()),
+        GpuFacts::BadChoice(e) => GpuPresence::Absent(e.clone()),
+        GpuFacts::NotLoaded(_) => GpuPresence::Absent("no GPU runtime loads".into()),
+    };
+    let probing = select::probes_rdma(&inp.protocol, config.force_tcp);
+    let verbs = facts
+        .verbs
+        .as_ref()
+        .map(|(_, names)| names.clone())
+        .map_err(Clone::clone);
+    let topology = match &facts.topology {
+        Ok(t) => Some(t),
+        Err(e) => {
+            return Check::fail(
+                "decision",
+                format!("initialize would fail: {e}"),
+                "fix or unset MC_CUSTOM_TOPO_JSON",
+            )
+        }
+    };
+    let peer_memory = facts.peer_memory.first().map(String::as_str);
+    let decided = select::decide(&select::Inputs {
+        protocol: &inp.protocol,
+        force_tcp: config.force_tcp,
+        force_hca: config.force_hca,
+        topology: if probing { topology } else { None },
+        verbs: if probing { Some(&verbs) } else { None },
+        memlock: inp.memlock(),
+        gpu: &gpu,
+        peer_memory_module: peer_memory,
+    });
+    let asked = format!(
+        "initialize(protocol={:?}, device_name={:?}){}{}",
+        inp.protocol,
+        inp.device_name,
+        if config.force_tcp {
+            " with MC_FORCE_TCP"
+        } else {
+            ""
+        },
+        if config.force_hca {
+            " with MC_FORCE_HCA"
+        } else {
+            ""
+        },
+    );
+    match decided {
+        Err(why) => Check::fail(
+            "decision",
+            format!("{asked} would fail: {why}"),
+            "fix what the rdma.* / gpu.* checks above report, or unset MC_FORCE_HCA to allow the TCP fallback",
+        )
+        .with_data(json!({"error": why})),
+        Ok(plan) => {
+            let mut transports = Vec::new();
+            if plan.ipc {
+                transports.push("ipc");
+            }
+            if plan.rdma.is_some() {
+                transports.push("rdma");
+            }
+            transports.push("tcp");
+            let mut lines = vec![format!("{asked} starts: {}", transports.join(" + "))];
+            if let Some(r) = &plan.rdma {
+                for (loc, [pref, avail]) in &r.matrix {
+                    lines.push(format!(
+                        "{loc}: preferred [{}], available [{}]",
+                        pref.join(", "),
+                        avail.join(", ")
+                    ));
+                }
+            }
+            lines.extend(plan.notes.iter().map(|n| format!("why: {n}")));
+            lines.extend(plan.warnings.iter().map(|w| format!("warning: {w}")));
+            let data = json!({
+                "protocol": inp.protocol,
+                "transports": transports,
+                "hcas": plan.rdma.as_ref().map(|r| r.hcas.iter().map(|h| json!({
+                    "name": h.name, "port": h.port, "gid_index": h.gid_index,
+                    "link_layer": h.link_layer, "numa_node": h.numa_node, "pci": h.bdf,
+                })).collect::<Vec<_>>()),
+                "matrix": plan.rdma.as_ref().map(|r| r.matrix.clone()),
+                "notes": plan.notes,
+                "warnings": plan.warnings,
+            });
+            let saw = lines.join("\n");
+            if plan.warnings.is_empty() {
+                Check::ok("decision", saw)
+            } else {
+                Check::warn(
+                    "decision",
+                    saw,
+                    "see the rdma.* checks; MC_FORCE_HCA=1 makes a fallback to TCP an error, MC_FORCE_TCP=1 bisects RDMA problems",
+                )
+            }
+            .with_data(data)
+        }
+    }
+}
