@@ -45,6 +45,24 @@ struct PeerMaps {
     pid_ns: Option<String>,
     host_id: Option<String>,
     maps: HashMap<String, Opened>,
+    /// Handles the peer revoked -> when (its clock, descriptor timestamp format).
+    revoked: HashMap<String, String>,
+}
+
+/// Revocations remembered per peer.
+const MAX_REVOKED: usize = 1024;
+
+/// Refuses `shm` when the peer revoked it after `peer` (its descriptor) was encoded:
+/// such a descriptor may still list the unregistered memory. Timestamps of one host's
+/// clock in one fixed-width format compare as text.
+fn revoked_check(entry: &PeerMaps, peer: &SegmentDesc, shm: &str) -> Result<(), String> {
+    match entry.revoked.get(&shm.to_ascii_uppercase()) {
+        Some(at) if peer.timestamp.as_str() <= at.as_str() => Err(format!(
+            "the peer revoked this handle at {at} when it unregistered memory, after this descriptor ({}) was encoded; fetch it again",
+            peer.timestamp
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Mappings per peer segment.
@@ -74,11 +92,14 @@ impl Imports {
     }
 
     /// The mapping of `buffer` of `peer` (opened on `device` on first use), or why none.
+    /// A new mapping is announced to the peer (`announce`, without any lock held) before
+    /// it is used, so that the peer can revoke it; an announcement refused fails it.
     pub fn resolve(
         &self,
         peer: &SegmentDesc,
         buffer: &BufferDesc,
         device: u32,
+        announce: &dyn Fn(&str) -> Result<(), String>,
     ) -> Result<Target, String> {
         let Some(shm) = buffer.shm_name.as_deref() else {
             return Err(
@@ -86,49 +107,22 @@ impl Imports {
                     .into(),
             );
         };
-        let mut peers = self.peers.lock();
-        let at = peer as *const SegmentDesc as usize;
-        if !peers.contains_key(&peer.name) {
-            peers.insert(
-                peer.name.clone(),
-                PeerMaps {
-                    seen: (at, peer.timestamp.clone()),
-                    pid: peer.pid,
-                    pid_ns: peer.pid_ns.clone(),
-                    host_id: peer.host_id.clone(),
-                    maps: HashMap::new(),
-                },
-            );
-        }
-        let Some(entry) = peers.get_mut(&peer.name) else {
-            return Err("internal: peer entry missing".into());
-        };
-        if entry.seen.0 != at || entry.seen.1 != peer.timestamp {
-            // A new descriptor: close what it no longer lists; a restarted peer (new
-            // process) shares nothing with the old one.
-            let restarted = entry.pid != peer.pid || entry.host_id != peer.host_id;
-            let listed: std::collections::HashSet<&str> = peer
-                .buffers
-                .iter()
-                .filter_map(|b| b.shm_name.as_deref())
-                .collect();
-            entry
-                .maps
-                .retain(|k, _| !restarted && listed.contains(k.as_str()));
-            entry.seen = (at, peer.timestamp.clone());
-            entry.pid = peer.pid;
-            entry.pid_ns = peer.pid_ns.clone();
-            entry.host_id = peer.host_id.clone();
-        }
-        let opened = match entry.maps.get(shm) {
-            Some(o) => o.clone(),
+        let cached = self.cached(peer, shm)?;
+        let opened = match cached {
+            Some(o) => o,
             None => {
-                let o = self.open(shm, device);
-                entry.maps.insert(shm.to_string(), o.clone());
-                o
+                // Opened and announced unlocked: the announcement waits on the peer.
+                let o = self
+                    .open(shm, device)
+                    .and_then(|m| announce(shm).map(|()| m));
+                let mut peers = self.peers.lock();
+                let Some(entry) = peers.get_mut(&peer.name) else {
+                    return Err("the peer's mappings were dropped meanwhile".into());
+                };
+                revoked_check(entry, peer, shm)?;
+                entry.maps.entry(shm.to_string()).or_insert(o).clone()
             }
         };
-        drop(peers);
         let mapping = opened?;
         let offset = buffer.shm_offset.unwrap_or(0);
         match offset.checked_add(buffer.length) {
@@ -141,6 +135,70 @@ impl Imports {
                 buffer.length, mapping.size
             )),
         }
+    }
+
+    /// What the cache holds for `shm` of `peer` (after bringing the peer's entry up to
+    /// date with its descriptor), or an error if the peer revoked it.
+    fn cached(&self, peer: &SegmentDesc, shm: &str) -> Result<Option<Opened>, String> {
+        let mut peers = self.peers.lock();
+        let at = peer as *const SegmentDesc as usize;
+        let entry = peers.entry(peer.name.clone()).or_insert_with(|| PeerMaps {
+            seen: (at, peer.timestamp.clone()),
+            pid: peer.pid,
+            pid_ns: peer.pid_ns.clone(),
+            host_id: peer.host_id.clone(),
+            maps: HashMap::new(),
+            revoked: HashMap::new(),
+        });
+        if entry.seen.0 != at || entry.seen.1 != peer.timestamp {
+            // A new descriptor: close what it no longer lists; a restarted peer (new
+            // process) shares nothing with the old one.
+            let restarted = entry.pid != peer.pid || entry.host_id != peer.host_id;
+            let listed: std::collections::HashSet<&str> = peer
+                .buffers
+                .iter()
+                .filter_map(|b| b.shm_name.as_deref())
+                .collect();
+            entry
+                .maps
+                .retain(|k, _| !restarted && listed.contains(k.as_str()));
+            if restarted {
+                entry.revoked.clear();
+            }
+            entry.seen = (at, peer.timestamp.clone());
+            entry.pid = peer.pid;
+            entry.pid_ns = peer.pid_ns.clone();
+            entry.host_id = peer.host_id.clone();
+        }
+        revoked_check(entry, peer, shm)?;
+        Ok(entry.maps.get(shm).cloned())
+    }
+
+    /// The peer `exporter` revoked `shm` at `revoked_at`: its mapping leaves the cache and
+    /// descriptors encoded until then may not open it again. Returns the mapping, which
+    /// closes once the copies in flight that hold it are done.
+    pub fn revoke(&self, exporter: &str, shm: &str, revoked_at: &str) -> Option<Arc<Mapping>> {
+        let mut peers = self.peers.lock();
+        let entry = peers.get_mut(exporter)?;
+        if entry.revoked.len() >= MAX_REVOKED
+            && !entry.revoked.contains_key(&shm.to_ascii_uppercase())
+        {
+            // Bounded: the oldest revocations are the least likely to matter.
+            if let Some(oldest) = entry
+                .revoked
+                .iter()
+                .min_by(|a, b| a.1.cmp(b.1))
+                .map(|(k, _)| k.clone())
+            {
+                entry.revoked.remove(&oldest);
+            }
+        }
+        entry
+            .revoked
+            .insert(shm.to_ascii_uppercase(), revoked_at.to_string());
+        let removed = entry.maps.remove(shm);
+        drop(peers);
+        removed.and_then(Result::ok)
     }
 
     fn open(&self, shm: &str, device: u32) -> Opened {
