@@ -115,6 +115,25 @@ impl IpcPeer {
         self.ask(&format!("unregister {addr}"), "UNREGISTERED");
     }
 
+    /// Reads `len` bytes of `segment` at `remote` into the peer's region `c`: `Ok` or the error.
+    pub fn pull(&mut self, segment: &str, remote: u64, len: u64) -> Result<(), String> {
+        let r = self.ask(&format!("pull {segment} {remote} {len}"), "PULLED ");
+        match r.strip_prefix("ok") {
+            Some(_) => Ok(()),
+            None => Err(r),
+        }
+    }
+
+    /// Sends the peer process `signal` (`STOP`, `CONT`).
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal}");
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -180,6 +199,17 @@ pub fn peer_main() {
                 e.unregister_memory(v[1].parse().unwrap()).unwrap();
                 writeln!(out, "UNREGISTERED").unwrap();
             }
+            Some("pull") => {
+                let (remote, len): (u64, u64) = (v[2].parse().unwrap(), v[3].parse().unwrap());
+                // SAFETY: `c` is registered, LEN bytes long, and outlives the call.
+                let r = unsafe {
+                    e.transfer_sync(v[1], &[Request::new(OpCode::Read, c, remote, len.min(LEN))])
+                };
+                match r {
+                    Ok(()) => writeln!(out, "PULLED ok").unwrap(),
+                    Err(err) => writeln!(out, "PULLED {err}").unwrap(),
+                }
+            }
             _ => break,
         }
     }
@@ -236,6 +266,11 @@ macro_rules! ipc_tests {
         #[test]
         fn revocation_is_bounded_by_unresponsive_and_dead_importers() {
             ipc_support::revocation_is_bounded($vendor);
+        }
+
+        #[test]
+        fn a_stopped_importer_holds_unregister_for_the_timeout_only() {
+            ipc_support::stopped_importer($vendor);
         }
 
         #[test]
@@ -763,4 +798,31 @@ pub fn hostile_control_messages(vendor: Vendor) {
     );
     assert!(device_bytes(dst, LEN as usize) == pattern(LEN as usize, 81));
     assert_eq!(peer.hash(peer.b, LEN), fnv(&pattern(LEN as usize, 82)));
+}
+
+/// A real importer process, stopped (SIGSTOP) while it holds a mapping of our memory:
+/// our `unregister_memory` returns after `MC_IPC_REVOKE_TIMEOUT`; once it runs again it
+/// handles the release late, and its next read of the range is refused.
+pub fn stopped_importer(vendor: Vendor) {
+    install_fake(vendor);
+    let e = engine_with(&[("MC_IPC_REVOKE_TIMEOUT", "1")]);
+    let mut peer = IpcPeer::spawn(93, &[]);
+    let mine = device_buffer(0, &pattern(LEN as usize, 91));
+    e.register_memory(mine, LEN, "*").unwrap();
+    peer.pull(e.session_id(), mine, LEN).unwrap();
+    assert_eq!(peer.hash(peer.c, LEN), fnv(&pattern(LEN as usize, 91)));
+    peer.signal("STOP");
+    let t = Instant::now();
+    e.unregister_memory(mine).unwrap();
+    let took = t.elapsed();
+    peer.signal("CONT");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "unregister took {took:?} with a stopped importer and MC_IPC_REVOKE_TIMEOUT=1"
+    );
+    let refused = wait_for(Duration::from_secs(10), || {
+        peer.pull(e.session_id(), mine, LEN)
+            .is_err_and(|err| err.contains("rejected remote range"))
+    });
+    assert!(refused, "the importer still reads unregistered memory");
 }
