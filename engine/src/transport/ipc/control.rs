@@ -128,13 +128,23 @@ impl Control {
                 if exporter.is_empty() || exporter.len() > MAX_ADDRESS {
                     return Err("exporter is empty or too long".into());
                 }
-                if revoked_at.is_empty() || revoked_at.len() > 64 {
-                    return Err("revoked_at is empty or too long".into());
+                if !timestamp_shape(revoked_at) {
+                    return Err("revoked_at is not a YYYY-MM-DD HH:MM:SS.ffffff timestamp".into());
                 }
             }
         }
         Ok(c)
     }
+}
+
+/// Whether `s` has the fixed-width shape of descriptor timestamps (compared as text).
+fn timestamp_shape(s: &str) -> bool {
+    const SHAPE: &[u8] = b"dddd-dd-dd dd:dd:dd.dddddd";
+    s.len() == SHAPE.len()
+        && s.bytes().zip(SHAPE).all(|(c, &want)| match want {
+            b'd' => c.is_ascii_digit(),
+            other => c == other,
+        })
 }
 
 fn hex_handle(s: &str) -> bool {
@@ -181,9 +191,14 @@ mod tests {
                 r#"{{"op":"opened","shm_name":"{h}","importer":"a:1","pid":4294967295,"host_id":"b"}}"#
             ),
             &format!(r#"{{"op":"release","shm_name":"{h}","exporter":"","revoked_at":"t"}}"#),
+            &format!(r#"{{"op":"release","shm_name":"{h}","exporter":"a:1","revoked_at":"9999"}}"#),
+            &format!(
+                r#"{{"op":"release","shm_name":"{h}","exporter":"a:1","revoked_at":"2026-11-30 14:00:00.00000x"}}"#
+            ),
         ] {
             assert!(Control::decode(bad).is_err(), "{bad}");
         }
+        assert!(timestamp_shape(&crate::net::timestamp_now()));
         assert_eq!(Reply::check(&Reply::ok()), Ok(()));
         assert_eq!(Reply::check(&Reply::refused("no")), Err("no".to_string()));
         assert!(Reply::check("garbage").is_err());

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -45,22 +46,32 @@ struct PeerMaps {
     pid_ns: Option<String>,
     host_id: Option<String>,
     maps: HashMap<String, Opened>,
-    /// Handles the peer revoked -> when (its clock, descriptor timestamp format).
-    revoked: HashMap<String, String>,
+    /// Handles the peer revoked -> when (its clock, descriptor timestamp format), and
+    /// when we were told (the entry lapses after [`REVOKED_FOR`]).
+    revoked: HashMap<String, (String, Instant)>,
 }
 
 /// Revocations remembered per peer.
 const MAX_REVOKED: usize = 1024;
+/// How long a revocation refuses stale descriptors: the engine drops its cached
+/// descriptor when told, so only submits already under way, or a metadata store that has
+/// not yet seen the peer's new descriptor, can still present one. Bounded so that a
+/// forged `release` with a far-future `revoked_at` cannot keep IPC off for long.
+const REVOKED_FOR: Duration = Duration::from_secs(60);
 
 /// Refuses `shm` when the peer revoked it after `peer` (its descriptor) was encoded:
 /// such a descriptor may still list the unregistered memory. Timestamps of one host's
 /// clock in one fixed-width format compare as text.
 fn revoked_check(entry: &PeerMaps, peer: &SegmentDesc, shm: &str) -> Result<(), String> {
     match entry.revoked.get(&shm.to_ascii_uppercase()) {
-        Some(at) if peer.timestamp.as_str() <= at.as_str() => Err(format!(
+        Some((at, told))
+            if told.elapsed() < REVOKED_FOR && peer.timestamp.as_str() <= at.as_str() =>
+        {
+            Err(format!(
             "the peer revoked this handle at {at} when it unregistered memory, after this descriptor ({}) was encoded; fetch it again",
             peer.timestamp
-        )),
+            ))
+        }
         _ => Ok(()),
     }
 }
@@ -180,6 +191,9 @@ impl Imports {
     pub fn revoke(&self, exporter: &str, shm: &str, revoked_at: &str) -> Option<Arc<Mapping>> {
         let mut peers = self.peers.lock();
         let entry = peers.get_mut(exporter)?;
+        entry
+            .revoked
+            .retain(|_, (_, told)| told.elapsed() < REVOKED_FOR);
         if entry.revoked.len() >= MAX_REVOKED
             && !entry.revoked.contains_key(&shm.to_ascii_uppercase())
         {
@@ -187,15 +201,16 @@ impl Imports {
             if let Some(oldest) = entry
                 .revoked
                 .iter()
-                .min_by(|a, b| a.1.cmp(b.1))
+                .min_by_key(|(_, (_, told))| *told)
                 .map(|(k, _)| k.clone())
             {
                 entry.revoked.remove(&oldest);
             }
         }
-        entry
-            .revoked
-            .insert(shm.to_ascii_uppercase(), revoked_at.to_string());
+        entry.revoked.insert(
+            shm.to_ascii_uppercase(),
+            (revoked_at.to_string(), Instant::now()),
+        );
         let removed = entry.maps.remove(shm);
         drop(peers);
         removed.and_then(Result::ok)
