@@ -274,6 +274,11 @@ macro_rules! ipc_tests {
         }
 
         #[test]
+        fn concurrent_first_requests_open_a_handle_once() {
+            ipc_support::concurrent_first_use($vendor);
+        }
+
+        #[test]
         fn hostile_ipc_control_messages_are_refused() {
             ipc_support::hostile_control_messages($vendor);
         }
@@ -825,4 +830,32 @@ pub fn stopped_importer(vendor: Vendor) {
             .is_err_and(|err| err.contains("rejected remote range"))
     });
     assert!(refused, "the importer still reads unregistered memory");
+}
+
+/// Eight threads' first requests to one allocation at once: one open (and one
+/// announcement), every read over IPC with its bytes.
+pub fn concurrent_first_use(vendor: Vendor) {
+    install_fake(vendor);
+    let peer = IpcPeer::spawn(95, &[]);
+    let e = engine_with(&[]);
+    let len = LEN as usize;
+    let dsts: Vec<u64> = (0..8).map(|_| device_buffer(0, &vec![0u8; len])).collect();
+    let barrier = std::sync::Barrier::new(dsts.len());
+    std::thread::scope(|s| {
+        for &dst in &dsts {
+            let (e, barrier, seg, a) = (&e, &barrier, &peer.session, peer.a);
+            s.spawn(move || {
+                barrier.wait();
+                sync(e, seg, &[Request::new(OpCode::Read, dst, a, LEN)]);
+            });
+        }
+    });
+    for &dst in &dsts {
+        assert!(device_bytes(dst, len) == pattern(len, 95));
+    }
+    assert_eq!(
+        ipc_counts(&e),
+        (1, 0, 1),
+        "one open for concurrent first uses"
+    );
 }

@@ -3,7 +3,7 @@
 //! and closed when the peer's descriptor no longer lists it, when the peer's process is
 //! gone, or at shutdown. Copies in flight hold their mapping, so a close waits for them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,7 +49,22 @@ struct PeerMaps {
     /// Handles the peer revoked -> when (its clock, descriptor timestamp format), and
     /// when we were told (the entry lapses after [`REVOKED_FOR`]).
     revoked: HashMap<String, (String, Instant)>,
+    /// Handles being opened, or revoked and not yet closed.
+    busy: HashSet<String>,
 }
+
+/// What the cache says about one handle.
+enum Cache {
+    Hit(Opened),
+    /// Another thread opens or closes it now.
+    Busy,
+    /// Not there: the caller opens it.
+    Miss,
+}
+
+/// How long a resolve waits for another thread's open or close of the same handle: an
+/// open waits for the peer's answer (within `MC_HANDSHAKE_TIMEOUT`), a close for copies.
+const BUSY_WAIT: Duration = Duration::from_secs(10);
 
 /// Revocations remembered per peer.
 const MAX_REVOKED: usize = 1024;
@@ -118,20 +133,30 @@ impl Imports {
                     .into(),
             );
         };
-        let cached = self.cached(peer, shm)?;
-        let opened = match cached {
-            Some(o) => o,
-            None => {
-                // Opened and announced unlocked: the announcement waits on the peer.
-                let o = self
-                    .open(shm, device)
-                    .and_then(|m| announce(shm).map(|()| m));
-                let mut peers = self.peers.lock();
-                let Some(entry) = peers.get_mut(&peer.name) else {
-                    return Err("the peer's mappings were dropped meanwhile".into());
-                };
-                revoked_check(entry, peer, shm)?;
-                entry.maps.entry(shm.to_string()).or_insert(o).clone()
+        // One open of a handle at a time in this process: the runtime's IPC mappings are
+        // per process, and a second open while one is alive (being opened, or revoked and
+        // waiting for its copies) is not something to rely on.
+        let deadline = Instant::now() + BUSY_WAIT;
+        let opened = loop {
+            match self.cached(peer, shm)? {
+                Cache::Hit(o) => break o,
+                Cache::Busy if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Cache::Busy => return Err("the handle is being opened or closed".into()),
+                Cache::Miss => {
+                    // Opened and announced unlocked: the announcement waits on the peer.
+                    let o = self
+                        .open(shm, device)
+                        .and_then(|m| announce(shm).map(|()| m));
+                    let mut peers = self.peers.lock();
+                    let Some(entry) = peers.get_mut(&peer.name) else {
+                        return Err("the peer's mappings were dropped meanwhile".into());
+                    };
+                    entry.busy.remove(shm);
+                    revoked_check(entry, peer, shm)?;
+                    break entry.maps.entry(shm.to_string()).or_insert(o).clone();
+                }
             }
         };
         let mapping = opened?;
@@ -149,8 +174,9 @@ impl Imports {
     }
 
     /// What the cache holds for `shm` of `peer` (after bringing the peer's entry up to
-    /// date with its descriptor), or an error if the peer revoked it.
-    fn cached(&self, peer: &SegmentDesc, shm: &str) -> Result<Option<Opened>, String> {
+    /// date with its descriptor), or an error if the peer revoked it. A miss marks the
+    /// handle busy: the caller opens it and clears the mark.
+    fn cached(&self, peer: &SegmentDesc, shm: &str) -> Result<Cache, String> {
         let mut peers = self.peers.lock();
         let at = peer as *const SegmentDesc as usize;
         let entry = peers.entry(peer.name.clone()).or_insert_with(|| PeerMaps {
@@ -160,6 +186,7 @@ impl Imports {
             host_id: peer.host_id.clone(),
             maps: HashMap::new(),
             revoked: HashMap::new(),
+            busy: HashSet::new(),
         });
         if entry.seen.0 != at || entry.seen.1 != peer.timestamp {
             // A new descriptor: close what it no longer lists; a restarted peer (new
@@ -182,7 +209,14 @@ impl Imports {
             entry.host_id = peer.host_id.clone();
         }
         revoked_check(entry, peer, shm)?;
-        Ok(entry.maps.get(shm).cloned())
+        if let Some(o) = entry.maps.get(shm) {
+            return Ok(Cache::Hit(o.clone()));
+        }
+        if entry.busy.contains(shm) {
+            return Ok(Cache::Busy);
+        }
+        entry.busy.insert(shm.to_string());
+        Ok(Cache::Miss)
     }
 
     /// The peer `exporter` revoked `shm` at `revoked_at`: its mapping leaves the cache and
@@ -211,9 +245,19 @@ impl Imports {
             shm.to_ascii_uppercase(),
             (revoked_at.to_string(), Instant::now()),
         );
-        let removed = entry.maps.remove(shm);
-        drop(peers);
-        removed.and_then(Result::ok)
+        let removed = entry.maps.remove(shm).and_then(Result::ok);
+        if removed.is_some() {
+            // Until it is closed (`closed`), nobody opens the handle again.
+            entry.busy.insert(shm.to_string());
+        }
+        removed
+    }
+
+    /// The revoked mapping of `shm` from `exporter` was closed (or given up on).
+    pub fn closed(&self, exporter: &str, shm: &str) {
+        if let Some(entry) = self.peers.lock().get_mut(exporter) {
+            entry.busy.remove(shm);
+        }
     }
 
     fn open(&self, shm: &str, device: u32) -> Opened {

@@ -362,13 +362,15 @@ impl IpcTransport {
                 };
                 // Copies in flight hold the mapping: wait for them (device time only).
                 let deadline = Instant::now() + self.settings.revoke_timeout;
-                while Arc::strong_count(&mapping) > 1 {
-                    if Instant::now() >= deadline {
-                        return Reply::refused("copies to the memory are still in flight");
-                    }
+                while Arc::strong_count(&mapping) > 1 && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(1));
                 }
+                let done = Arc::strong_count(&mapping) == 1;
                 drop(mapping);
+                self.imports.closed(&exporter, &shm_name);
+                if !done {
+                    return Reply::refused("copies to the memory are still in flight");
+                }
                 tracing::info!("segment {exporter} unregistered memory: its IPC mapping is closed");
                 Reply::ok()
             }
