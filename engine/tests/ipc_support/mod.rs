@@ -279,6 +279,11 @@ macro_rules! ipc_tests {
         }
 
         #[test]
+        fn adjacent_requests_share_device_copies() {
+            ipc_support::adjacent_requests_share_copies($vendor);
+        }
+
+        #[test]
         fn hostile_ipc_control_messages_are_refused() {
             ipc_support::hostile_control_messages($vendor);
         }
@@ -858,4 +863,56 @@ pub fn concurrent_first_use(vendor: Vendor) {
         (1, 0, 1),
         "one open for concurrent first uses"
     );
+}
+
+/// Requests whose ranges follow each other on both sides go in one device copy per copy
+/// thread; scattered ones in one copy each. Bytes verified both ways. (The fake's copy
+/// counter is process-wide: other tests only add to it, so the bounds allow for them.)
+pub fn adjacent_requests_share_copies(vendor: Vendor) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(97, &[]);
+    let e = engine_with(&[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    let block = 64u64 << 10;
+    let n = 48u64;
+    let data = pattern(len, 98);
+    let src = device_buffer(0, &data);
+    // Warm the mapping.
+    sync(&e, &seg, &[Request::new(OpCode::Write, src, peer.a, block)]);
+    let adjacent: Vec<Request> = (0..n)
+        .map(|i| Request::new(OpCode::Write, src + i * block, peer.a + i * block, block))
+        .collect();
+    let before = crate::fake_gpu::stats()[1];
+    sync(&e, &seg, &adjacent);
+    let together = crate::fake_gpu::stats()[1] - before;
+    assert_eq!(
+        peer.hash(peer.a, n * block),
+        fnv(&data[..(n * block) as usize])
+    );
+    // Reversed on the remote side: nothing follows anything.
+    let reversed: Vec<Request> = (0..n)
+        .map(|i| {
+            Request::new(
+                OpCode::Read,
+                src + i * block,
+                peer.b + (n - 1 - i) * block,
+                block,
+            )
+        })
+        .collect();
+    let before = crate::fake_gpu::stats()[1];
+    sync(&e, &seg, &reversed);
+    let apart = crate::fake_gpu::stats()[1] - before;
+    let b = pattern(len, 97 + 1); // the peer's b
+    let got = device_bytes(src, (n * block) as usize);
+    for i in 0..n as usize {
+        let j = n as usize - 1 - i;
+        let bs = block as usize;
+        assert!(
+            got[i * bs..(i + 1) * bs] == b[j * bs..(j + 1) * bs],
+            "block {i}"
+        );
+    }
+    assert!(together < 16, "{together} copies for {n} adjacent requests");
+    assert!(apart >= n, "{apart} copies for {n} scattered requests");
 }
