@@ -274,9 +274,13 @@ def bench_engine(e, tgt, block, duration, scatter=False):
             rc = call(tgt.session, locs, rems, [block] * n)
             assert rc == 0, TransferEngine.last_error()
         out[op] = measure(go, BENCH, duration)
-    # Bytes of the last read equal the target's.
+    # The target holds our blocks where the requests put them, and the last read brought
+    # them back in order.
     torch.cuda.synchronize()
-    ok = tgt.sha(tgt.addr("bench"), BENCH) == sha(src)
+    expect = torch.empty_like(src)
+    for i in range(n):
+        expect[order[i] * block:(order[i] + 1) * block] = src[i * block:(i + 1) * block]
+    ok = tgt.sha(tgt.addr("bench"), BENCH) == sha(expect) and torch.equal(src, pattern(BENCH, 6, "cuda:1"))
     e.unregister_memory(src.data_ptr())
     return out, ok
 
