@@ -85,6 +85,10 @@ def target(args):
                     break
             else:
                 print("none", flush=True)
+        elif cmd and cmd[0] == "unregister":
+            t0 = time.perf_counter()
+            rc = e.unregister_memory(int(cmd[1]))
+            print(f"{rc} {time.perf_counter() - t0:.4f}", flush=True)
         elif cmd and cmd[0] == "quit":
             break
 
@@ -104,6 +108,13 @@ class Target:
         self.p.stdin.write(f"sha {addr} {n}\n")
         self.p.stdin.flush()
         return self.p.stdout.readline().strip()
+
+    def unregister(self, addr):
+        """(return code, seconds) of the target's unregister_memory."""
+        self.p.stdin.write(f"unregister {addr}\n")
+        self.p.stdin.flush()
+        rc, took = self.p.stdout.readline().split()
+        return int(rc), float(took)
 
     def close(self):
         try:
@@ -186,6 +197,19 @@ def verify(e, size):
     # Unregistered local tensor now (after unregister): still moves (pointer attributes).
     rc = e.transfer_sync_read(seg, local.data_ptr(), tgt.addr("plain"), size)
     check(rc == 0, "after unregistering the local tensor, transfers from it still work (unregistered path)")
+    # Revocation: we hold an IPC mapping of `plain`; the target unregisters it. Its
+    # unregister returns once we let go; our next write (same cached descriptor) fails and
+    # the target's bytes stay as they were when unregister returned.
+    pa = tgt.addr("plain")
+    rc = e.transfer_sync_write(seg, local.data_ptr(), pa, size)
+    check(rc == 0, "write over IPC before the target unregisters")
+    rc, took = tgt.unregister(pa)
+    before = tgt.sha(pa, size)
+    other = pattern(size, 31, "cuda:1")
+    torch.cuda.synchronize()
+    rc2 = e.transfer_sync_write(seg, other.data_ptr(), pa, size)
+    check(rc == 0 and rc2 != 0 and tgt.sha(pa, size) == before,
+          f"target unregister ({took * 1e3:.1f} ms) revokes our IPC mapping: next write fails ({rc2}), bytes unchanged")
     tgt.close()
 
 
@@ -232,23 +256,31 @@ def measure(fn, nbytes, duration):
     return n * nbytes / (time.perf_counter() - start) / 1e9
 
 
-def bench_engine(e, tgt, block, duration):
+def bench_engine(e, tgt, block, duration, scatter=False):
     torch.cuda.set_device(1)
     src = pattern(BENCH, 6, "cuda:1")
     torch.cuda.synchronize()
     assert e.register_memory(src.data_ptr(), BENCH, "*") == 0
     n = BENCH // block
     locs = [src.data_ptr() + i * block for i in range(n)]
-    rems = [tgt.addr("bench") + i * block for i in range(n)]
+    order = list(range(n))
+    if scatter:  # remote blocks in a fixed shuffled order: no two requests adjacent
+        import random
+        random.Random(7).shuffle(order)
+    rems = [tgt.addr("bench") + order[i] * block for i in range(n)]
     out = {}
     for op, call in (("write", e.batch_transfer_sync_write), ("read", e.batch_transfer_sync_read)):
         def go():
             rc = call(tgt.session, locs, rems, [block] * n)
             assert rc == 0, TransferEngine.last_error()
         out[op] = measure(go, BENCH, duration)
-    # Bytes of the last read equal the target's.
+    # The target holds our blocks where the requests put them, and the last read brought
+    # them back in order.
     torch.cuda.synchronize()
-    ok = tgt.sha(tgt.addr("bench"), BENCH) == sha(src)
+    expect = torch.empty_like(src)
+    for i in range(n):
+        expect[order[i] * block:(order[i] + 1) * block] = src[i * block:(i + 1) * block]
+    ok = tgt.sha(tgt.addr("bench"), BENCH) == sha(expect) and torch.equal(src, pattern(BENCH, 6, "cuda:1"))
     e.unregister_memory(src.data_ptr())
     return out, ok
 
@@ -271,13 +303,75 @@ def bench_raw(block, duration):
     return out
 
 
+def cudart():
+    """The CUDA runtime PyTorch loaded (or one on the library path)."""
+    import ctypes
+    import glob
+    names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+    root = os.path.dirname(os.path.dirname(torch.__file__))
+    names += glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcudart.so*"))
+    names += glob.glob(os.path.join(root, "nvidia", "cuda_runtime", "lib", "libcudart.so*"))
+    for n in names:
+        try:
+            return ctypes.CDLL(n)
+        except OSError:
+            pass
+    raise RuntimeError("no libcudart found")
+
+
+def bench_native(block, duration, streams=1, peer_call=True):
+    """The native reference: cudaMemcpyPeerAsync (or cudaMemcpyAsync, UVA) of each block,
+    queued round-robin on `streams` streams of the initiator's device with no sync per copy,
+    one sync per stream per pass (ctypes: about 1 us of Python per call, below the link
+    time from 1 MiB up)."""
+    import ctypes
+    rt = cudart()
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    peer = rt.cudaMemcpyPeerAsync
+    peer.argtypes = [vp, ctypes.c_int, vp, ctypes.c_int, sz, vp]
+    plain = rt.cudaMemcpyAsync
+    plain.argtypes = [vp, vp, sz, ctypes.c_int, vp]
+    sync = rt.cudaStreamSynchronize
+    sync.argtypes = [vp]
+    torch.cuda.set_device(1)
+    a = pattern(BENCH, 6, "cuda:1")
+    b = torch.zeros(BENCH, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    ss = [torch.cuda.Stream(device=1).cuda_stream for _ in range(streams)]
+    n = BENCH // block
+    out = {}
+    for op, (src, sdev, dst, ddev) in (("write", (a, 1, b, 0)), ("read", (b, 0, a, 1))):
+        jobs = [(dst.data_ptr() + i * block, src.data_ptr() + i * block, ss[i % streams]) for i in range(n)]
+        bad = []
+
+        def go():
+            if peer_call:
+                for d, s_, st in jobs:
+                    if peer(d, ddev, s_, sdev, block, st):
+                        bad.append(1)
+            else:
+                for d, s_, st in jobs:
+                    if plain(d, s_, block, 4, st):  # cudaMemcpyDefault
+                        bad.append(1)
+            for st in ss:
+                if sync(st):
+                    bad.append(1)
+        out[op] = measure(go, BENCH, duration)
+        if bad:
+            raise RuntimeError(f"native copies failed ({len(bad)} calls)")
+    torch.cuda.synchronize(1)
+    ok = torch.equal(a, b.to("cuda:1"))
+    return out, ok
+
+
 def bench(args):
     """One path (ipc or tcp, chosen by the environment this process started with)."""
     e = new_engine()
     tgt = Target(0, MiB)
     rows = []
     for block in BLOCKS:
-        r, ok = bench_engine(e, tgt, block, args.duration)
+        r, ok = bench_engine(e, tgt, block, args.duration, args.scatter)
         rows.append({"path": args.path, "block": block, **r, "bytes_ok": ok})
         print(json.dumps(rows[-1]), flush=True)
     tgt.close()
@@ -291,12 +385,13 @@ def main(args):
     killed_mid_batch(e)
     del e
     results = []
-    paths = [("ipc", {}), ("tcp", {"MC_DISABLE_IPC": "1"})]
+    paths = [("ipc", {}), ("ipc-scatter", {}), ("tcp", {"MC_DISABLE_IPC": "1"})]
     if args.sweep:
         paths += [(f"ipc-{mb}M-{t}t", {"MC_IPC_SLICE_SIZE": str(mb * MiB), "MC_IPC_COPY_THREADS": str(t)})
                   for mb, t in ((64, 4), (64, 1), (16, 2), (1024, 4))]
     for path, env in paths:
-        p = subprocess.run([sys.executable, __file__, "bench", "--path", path, "--duration", str(args.duration)],
+        extra = ["--scatter"] if path.endswith("-scatter") else []
+        p = subprocess.run([sys.executable, __file__, "bench", "--path", path, "--duration", str(args.duration)] + extra,
                            env={**os.environ, **env}, capture_output=True, text=True, timeout=400)
         sys.stderr.write(p.stderr[-3000:])
         for line in p.stdout.splitlines():
@@ -308,15 +403,23 @@ def main(args):
         r = bench_raw(block, args.duration)
         results.append({"path": "raw", "block": block, **r, "bytes_ok": True})
         print(json.dumps(results[-1]), flush=True)
+    for block in BLOCKS:
+        for name, streams, peer_call in (("native-peer-1s", 1, True), ("native-async-4s", 4, False)):
+            r, ok = bench_native(block, args.duration, streams, peer_call)
+            results.append({"path": name, "block": block, **r, "bytes_ok": ok})
+            print(json.dumps(results[-1]), flush=True)
     bulk = {r_["path"]: r_ for r_ in results if r_["block"] == BENCH}["raw"]
     print(f"\nraw bulk (one {BENCH >> 20} MiB copy_): write {bulk['write']:.1f} GB/s, read {bulk['read']:.1f} GB/s")
-    names = [p_ for p_, _ in paths]
-    print(f"{'block':>8} {'op':6} {'raw':>7} " + " ".join(f"{n:>12}" for n in names) + f" {'ipc/raw':>8} {'ipc/bulk':>9}")
+    names = [p_ for p_, _ in paths] + ["native-peer-1s", "native-async-4s"]
+    print(f"{'block':>8} {'op':6} {'raw':>7} " + " ".join(f"{n:>15}" for n in names)
+          + f" {'ipc/raw':>8} {'ipc/bulk':>9} {'ipc/native':>10} {'scat/native':>11}")
     for block in BLOCKS:
         for op in ("write", "read"):
             v = {r["path"]: r[op] for r in results if r["block"] == block}
-            print(f"{block >> 10:>7}K {op:6} {v['raw']:7.1f} " + " ".join(f"{v[n]:12.1f}" for n in names)
-                  + f" {v['ipc'] / v['raw']:8.2f} {v['ipc'] / bulk[op]:9.2f}")
+            nat = max(v.get("native-peer-1s", 0), v.get("native-async-4s", 0)) or float("nan")
+            print(f"{block >> 10:>7}K {op:6} {v['raw']:7.1f} " + " ".join(f"{v.get(n, 0):15.1f}" for n in names)
+                  + f" {v['ipc'] / v['raw']:8.2f} {v['ipc'] / bulk[op]:9.2f} {v['ipc'] / nat:10.2f}"
+                  + f" {v.get('ipc-scatter', 0) / nat:11.2f}")
     check(all(r["bytes_ok"] for r in results), "benchmark bytes verified on the target after each path")
 
 
@@ -329,5 +432,6 @@ if __name__ == "__main__":
     ap.add_argument("--path", default="ipc")
     ap.add_argument("--duration", type=float, default=1.5)
     ap.add_argument("--sweep", action="store_true", help="also IPC with other slice sizes / copy threads")
+    ap.add_argument("--scatter", action="store_true", help="bench: remote blocks in shuffled order")
     a = ap.parse_args()
     {"main": main, "target": target, "bench": bench}[a.role](a)

@@ -180,8 +180,15 @@ impl TransferEngine {
             }
         };
         let memory = Arc::new(MemoryRegistry::new());
-        let transports =
-            crate::transport::start(ip, &host, &session_id, memory.clone(), &config, request)?;
+        let transports = crate::transport::start(
+            ip,
+            &host,
+            &session_id,
+            rpc_port,
+            memory.clone(),
+            &config,
+            request,
+        )?;
         let notify_bytes = config.notify_queue_bytes;
         let inner = Arc::new(Inner {
             store,
@@ -435,6 +442,7 @@ impl Inner {
             host_id: None,
             pid: None,
             pid_ns: None,
+            ipc_control: None,
             devices: Vec::new(),
             priority_matrix: Default::default(),
         };
@@ -462,6 +470,21 @@ impl Inner {
                 }
             },
             MessageType::Probe => Some(PROBE_REPLY.to_string()),
+            MessageType::IpcControl => {
+                let forget = |name: &str| {
+                    self.segments
+                        .write()
+                        .retain(|_, s| s.desc.read().name != name);
+                };
+                let reply = self
+                    .transports
+                    .iter()
+                    .find_map(|t| t.handle_ipc_control(json, &forget));
+                Some(reply.unwrap_or_else(|| {
+                    r#"{"ok":false,"error":"this engine runs no same-host GPU IPC transport"}"#
+                        .to_string()
+                }))
+            }
             MessageType::Connection => {
                 if let Some(reply) = self
                     .transports

@@ -377,10 +377,14 @@ fn refused_at_accept(e: &HandshakeError) -> bool {
     )
 }
 
-/// Requests that change nothing on the server may be sent twice; a
-/// notification may not (the server may have queued it before closing).
+/// Requests that change nothing on the server (or change it idempotently: the IPC
+/// control messages) may be sent twice; a notification may not (the server may have
+/// queued it before closing).
 fn retry_is_safe(kind: MessageType) -> bool {
-    matches!(kind, MessageType::Metadata | MessageType::Probe)
+    matches!(
+        kind,
+        MessageType::Metadata | MessageType::Probe | MessageType::IpcControl
+    )
 }
 
 fn exchange_once(

@@ -95,12 +95,14 @@ impl TransportRequest {
 
 /// Starts the transports `request` and this host call for ([`select`]), in the order
 /// the engine prefers them (TCP, always present, last): each listens on `ip` and serves
-/// `memory`; `host` is the name peers are told and `session_id` our segment name.
+/// `memory`; `host` is the name peers are told, `session_id` our segment name and
+/// `rpc_port` our handshake port.
 /// Warnings are logged once per process.
 pub fn start(
     ip: std::net::IpAddr,
     host: &str,
     session_id: &str,
+    rpc_port: u16,
     memory: Arc<crate::memory::MemoryRegistry>,
     config: &crate::config::Config,
     request: &TransportRequest,
@@ -118,7 +120,12 @@ pub fn start(
     // Same-host GPU IPC: asked for (`nvlink_intra`, `musa`), or automatic for device
     // memory between segments of this host whenever a GPU runtime has devices.
     if plan.ipc || gpu_with_devices() {
-        match ipc::IpcTransport::start(memory.clone(), config) {
+        let control = crate::wire::session::HostPort {
+            host: host.to_string(),
+            port: rpc_port,
+        }
+        .session_id();
+        match ipc::IpcTransport::start(memory.clone(), config, session_id, &control) {
             Ok(t) => out.push(Arc::new(t)),
             Err(why) if plan.ipc => {
                 return Err(TransportError::Refused(format!(
@@ -335,12 +342,21 @@ pub trait Transport: Send + Sync {
     }
 
     /// A region was unregistered and no engine thread touches it any more: release what
-    /// [`on_register`](Self::on_register) prepared.
+    /// [`on_register`](Self::on_register) prepared, and stop peers that reach it without
+    /// us (the IPC transport waits, within `MC_IPC_REVOKE_TIMEOUT`, for same-host peers
+    /// to close their mappings). `unregister_memory` returns after this.
     fn on_unregister(&self, _region: &Arc<Region>) {}
 
     /// Answers a peer's connection request (handshake type 0, upstream's RDMA endpoint
     /// setup), if this transport serves it.
     fn handle_connection(&self, _json: &str) -> Option<String> {
+        None
+    }
+
+    /// Answers a same-host IPC control message (handshake type 16, between our engines
+    /// only), if this transport serves it. `forget` drops the engine's cached descriptor
+    /// of the segment of that (descriptor) name.
+    fn handle_ipc_control(&self, _json: &str, _forget: &dyn Fn(&str)) -> Option<String> {
         None
     }
 }

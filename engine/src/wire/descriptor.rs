@@ -48,6 +48,12 @@ pub struct SegmentDesc {
     /// See [`pid`](Self::pid).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid_ns: Option<String>,
+    /// Where this engine takes same-host GPU IPC control messages (`host:port` of its
+    /// handshake port, message type 16): peers that open its IPC handles say so there,
+    /// and are asked to let go when it unregisters the memory. Not sent by upstream,
+    /// whose peers are then never told (see docs/gpu.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc_control: Option<String>,
     /// RDMA devices (HCAs), in the order of each buffer's `rkey`/`lkey` arrays.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceDesc>,

@@ -22,6 +22,9 @@ pub enum MessageType {
     Notify = 2,
     /// Liveness probe.
     Probe = 3,
+    /// Same-host GPU IPC control between engines of this project (JSON bodies; see
+    /// `transport::ipc::control`). Upstream does not know it and never sends it.
+    IpcControl = 16,
 }
 
 impl MessageType {
@@ -31,6 +34,7 @@ impl MessageType {
             1 => Some(Self::Metadata),
             2 => Some(Self::Notify),
             3 => Some(Self::Probe),
+            16 => Some(Self::IpcControl),
             _ => None,
         }
     }
@@ -137,6 +141,7 @@ mod tests {
             MessageType::Metadata,
             MessageType::Notify,
             MessageType::Probe,
+            MessageType::IpcControl,
         ] {
             let f = Frame::new(kind, "{\"a\":1}");
             let bytes = f.encode();

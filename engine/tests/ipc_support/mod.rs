@@ -115,6 +115,25 @@ impl IpcPeer {
         self.ask(&format!("unregister {addr}"), "UNREGISTERED");
     }
 
+    /// Reads `len` bytes of `segment` at `remote` into the peer's region `c`: `Ok` or the error.
+    pub fn pull(&mut self, segment: &str, remote: u64, len: u64) -> Result<(), String> {
+        let r = self.ask(&format!("pull {segment} {remote} {len}"), "PULLED ");
+        match r.strip_prefix("ok") {
+            Some(_) => Ok(()),
+            None => Err(r),
+        }
+    }
+
+    /// Sends the peer process `signal` (`STOP`, `CONT`).
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal}");
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -180,6 +199,17 @@ pub fn peer_main() {
                 e.unregister_memory(v[1].parse().unwrap()).unwrap();
                 writeln!(out, "UNREGISTERED").unwrap();
             }
+            Some("pull") => {
+                let (remote, len): (u64, u64) = (v[2].parse().unwrap(), v[3].parse().unwrap());
+                // SAFETY: `c` is registered, LEN bytes long, and outlives the call.
+                let r = unsafe {
+                    e.transfer_sync(v[1], &[Request::new(OpCode::Read, c, remote, len.min(LEN))])
+                };
+                match r {
+                    Ok(()) => writeln!(out, "PULLED ok").unwrap(),
+                    Err(err) => writeln!(out, "PULLED {err}").unwrap(),
+                }
+            }
             _ => break,
         }
     }
@@ -226,6 +256,36 @@ macro_rules! ipc_tests {
         #[test]
         fn a_peer_advertising_the_ipc_protocol_serves_device_memory_only() {
             ipc_support::peer_advertising_the_ipc_protocol($vendor);
+        }
+
+        #[test]
+        fn unregister_revokes_peer_mappings_before_it_returns() {
+            ipc_support::unregister_revokes_peer_mappings($vendor);
+        }
+
+        #[test]
+        fn revocation_is_bounded_by_unresponsive_and_dead_importers() {
+            ipc_support::revocation_is_bounded($vendor);
+        }
+
+        #[test]
+        fn a_stopped_importer_holds_unregister_for_the_timeout_only() {
+            ipc_support::stopped_importer($vendor);
+        }
+
+        #[test]
+        fn concurrent_first_requests_open_a_handle_once() {
+            ipc_support::concurrent_first_use($vendor);
+        }
+
+        #[test]
+        fn adjacent_requests_share_device_copies() {
+            ipc_support::adjacent_requests_share_copies($vendor);
+        }
+
+        #[test]
+        fn hostile_ipc_control_messages_are_refused() {
+            ipc_support::hostile_control_messages($vendor);
         }
 
         #[test]
@@ -510,4 +570,349 @@ pub fn peer_advertising_the_ipc_protocol(vendor: Vendor) {
         err.contains(protocol) && err.contains("host memory"),
         "{err}"
     );
+}
+
+/// Sends one handshake frame of the IPC control type (16) to `addr` and returns the reply.
+pub fn control_message(addr: &str, json: &str) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut frame = ((json.len() + 2) as u64).to_le_bytes().to_vec();
+    frame.push(16);
+    frame.extend_from_slice(json.as_bytes());
+    frame.push(b'\n');
+    s.write_all(&frame).unwrap();
+    let mut len = [0u8; 8];
+    s.read_exact(&mut len).unwrap();
+    let mut body = vec![0u8; u64::from_le_bytes(len) as usize];
+    s.read_exact(&mut body).unwrap();
+    assert_eq!(body[0], 16, "reply of the request's type");
+    String::from_utf8(body[1..].to_vec())
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// A stand-in importer that never answers: it accepts, reads one frame, keeps the
+/// connection open and reports the frame's type byte and JSON.
+fn silent_importer() -> (String, std::sync::mpsc::Receiver<(u8, String)>) {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while let Ok((mut s, _)) = l.accept() {
+            let mut len = [0u8; 8];
+            if s.read_exact(&mut len).is_ok() {
+                let mut body = vec![0u8; u64::from_le_bytes(len).min(1 << 20) as usize];
+                if s.read_exact(&mut body).is_ok() && !body.is_empty() {
+                    let text = String::from_utf8_lossy(&body[1..]).to_string();
+                    let _ = tx.send((body[0], text));
+                }
+            }
+            held.push(s);
+        }
+    });
+    (addr, rx)
+}
+
+/// The memory contract across processes: the peer (exporter) unregisters a region this
+/// engine (importer) writes into over IPC; `unregister` returns only after our mapping is
+/// closed, our next write to it fails with `AddressRejected` without touching it, and
+/// the rest of the allocation is reached over a newly opened handle.
+pub fn unregister_revokes_peer_mappings(vendor: Vendor) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(61, &[]);
+    let e = engine_with(&[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    let first = pattern(len, 7);
+    let src = device_buffer(0, &first);
+    sync(&e, &seg, &[Request::new(OpCode::Write, src, peer.a, LEN)]);
+    assert_eq!(peer.hash(peer.a, LEN), fnv(&first));
+    assert_eq!(ipc_counts(&e), (1, 0, 1));
+    peer.unregister(peer.a);
+    // Closed before the peer's unregister returned (it answered after it).
+    assert_eq!(
+        ipc_counts(&e),
+        (1, 1, 0),
+        "our mapping closed by the revocation"
+    );
+    // Our cached descriptor was dropped: the next write is refused without I/O.
+    let second = pattern(len, 8);
+    let src2 = device_buffer(0, &second);
+    // SAFETY: `src2` outlives the call.
+    let err = unsafe { e.transfer_sync(&seg, &[Request::new(OpCode::Write, src2, peer.a, LEN)]) }
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rejected remote range"), "{err}");
+    assert_eq!(
+        peer.hash(peer.a, LEN),
+        fnv(&first),
+        "unregistered memory modified after unregister returned"
+    );
+    // b shares a's allocation and is still registered: reached over a new mapping.
+    sync(&e, &seg, &[Request::new(OpCode::Write, src2, peer.b, LEN)]);
+    assert_eq!(peer.hash(peer.b, LEN), fnv(&second));
+    assert_eq!(ipc_counts(&e), (2, 1, 1), "the allocation opened again");
+    assert_eq!(peer.hash(peer.a, LEN), fnv(&first), "a untouched");
+    // Again, with the unregistration racing a stream of writes: whatever happens to the
+    // writes, nothing lands in b once unregister has returned.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    // Two sources written in turn, so that a late write would change the bytes.
+    let sources = [
+        device_buffer(0, &pattern(len, 9)),
+        device_buffer(0, &pattern(len, 10)),
+    ];
+    let b = peer.b;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let src = sources[i % 2];
+                i += 1;
+                // SAFETY: `sources` outlive the scope.
+                let _ =
+                    unsafe { e.transfer_sync(&seg, &[Request::new(OpCode::Write, src, b, LEN)]) };
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        peer.unregister(peer.b);
+        let after = peer.hash(peer.b, LEN);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            peer.hash(peer.b, LEN),
+            after,
+            "b modified after unregister returned"
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}
+
+/// An importer that never answers holds `unregister` for `MC_IPC_REVOKE_TIMEOUT` only;
+/// one whose process is gone is not waited for.
+pub fn revocation_is_bounded(vendor: Vendor) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(71, &[("MC_IPC_REVOKE_TIMEOUT", "2")]);
+    let e = engine_with(&[]);
+    let bufs = e.segment_buffers(&peer.session).unwrap();
+    let shm = |addr: u64| {
+        bufs.iter()
+            .find(|b| b.addr == addr)
+            .unwrap()
+            .shm_name
+            .clone()
+            .unwrap()
+    };
+    let opened = |handle: String, importer: &str, pid: u32| {
+        serde_json::json!({
+            "op": "opened", "shm_name": handle, "importer": importer,
+            "pid": pid, "host_id": boot_id(),
+        })
+        .to_string()
+    };
+    // A dead importer of c: not waited for (it would hold the call for the timeout).
+    let (silent, frames) = silent_importer();
+    let mut child = Command::new("true").spawn().unwrap();
+    child.wait().unwrap();
+    let reply = control_message(&peer.session, &opened(shm(peer.c), &silent, child.id()));
+    assert!(reply.contains(r#""ok":true"#), "{reply}");
+    let t = Instant::now();
+    peer.unregister(peer.c);
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "a dead importer held unregister for {:?}",
+        t.elapsed()
+    );
+    assert!(
+        frames.try_recv().is_err(),
+        "no release sent to a dead importer"
+    );
+    // A live importer (this process) that never answers: the call returns at the timeout.
+    let reply = control_message(
+        &peer.session,
+        &opened(shm(peer.a), &silent, std::process::id()),
+    );
+    assert!(reply.contains(r#""ok":true"#), "{reply}");
+    let t = Instant::now();
+    peer.unregister(peer.a);
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(1800) && took < Duration::from_secs(6),
+        "unregister took {took:?} with a silent importer and MC_IPC_REVOKE_TIMEOUT=2"
+    );
+    let (kind, text) = frames.recv_timeout(Duration::from_secs(1)).unwrap();
+    assert_eq!(kind, 16);
+    assert!(
+        text.contains(r#""op":"release""#) && text.contains(&shm(peer.a)),
+        "{text}"
+    );
+    // The revoked handle is no longer accepted.
+    let reply = control_message(
+        &peer.session,
+        &opened(shm(peer.c), &silent, std::process::id()),
+    );
+    assert!(reply.contains(r#""ok":false"#), "{reply}");
+}
+
+/// Malformed or lying control messages are refused with a reason; the engine keeps serving.
+pub fn hostile_control_messages(vendor: Vendor) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(81, &[]);
+    let e = engine_with(&[]);
+    let handle = e
+        .segment_buffers(&peer.session)
+        .unwrap()
+        .into_iter()
+        .find(|b| b.addr == peer.a)
+        .unwrap()
+        .shm_name
+        .unwrap();
+    let me = std::process::id();
+    for bad in [
+        String::from("not json"),
+        String::from("{}"),
+        String::from(r#"{"op":"opened"}"#),
+        String::from(r#"{"op":"explode","shm_name":"00"}"#),
+        serde_json::json!({"op":"opened","shm_name":handle,"importer":"x".repeat(1000),"pid":me,"host_id":boot_id()}).to_string(),
+        serde_json::json!({"op":"opened","shm_name":handle,"importer":"127.0.0.1:1","pid":me,"host_id":"another-host"}).to_string(),
+        serde_json::json!({"op":"opened","shm_name":"AB".repeat(64),"importer":"127.0.0.1:1","pid":me,"host_id":boot_id()}).to_string(),
+        serde_json::json!({"op":"opened","shm_name":handle,"importer":"127.0.0.1:1","pid":-5,"host_id":boot_id()}).to_string(),
+        serde_json::json!({"op":"release","shm_name":"zz","exporter":"a","revoked_at":"t"}).to_string(),
+    ] {
+        let reply = control_message(&peer.session, &bad);
+        assert!(
+            reply.contains(r#""ok":false"#) && reply.contains("error"),
+            "{bad:.200} -> {reply}"
+        );
+    }
+    // A release for a handle we never opened, sent to our engine: acknowledged, no effect.
+    let reply = control_message(
+        e.session_id(),
+        &serde_json::json!({"op":"release","shm_name":handle,"exporter":"nobody:1","revoked_at":"2026-01-01 00:00:00.000000"}).to_string(),
+    );
+    assert!(reply.contains(r#""ok":true"#), "{reply}");
+    // Still serving: a read over IPC, bytes verified.
+    let dst = device_buffer(0, &vec![0u8; LEN as usize]);
+    sync(
+        &e,
+        &peer.session,
+        &[Request::new(OpCode::Read, dst, peer.a, LEN)],
+    );
+    assert!(device_bytes(dst, LEN as usize) == pattern(LEN as usize, 81));
+    assert_eq!(peer.hash(peer.b, LEN), fnv(&pattern(LEN as usize, 82)));
+}
+
+/// A real importer process, stopped (SIGSTOP) while it holds a mapping of our memory:
+/// our `unregister_memory` returns after `MC_IPC_REVOKE_TIMEOUT`; once it runs again it
+/// handles the release late, and its next read of the range is refused.
+pub fn stopped_importer(vendor: Vendor) {
+    install_fake(vendor);
+    let e = engine_with(&[("MC_IPC_REVOKE_TIMEOUT", "1")]);
+    let mut peer = IpcPeer::spawn(93, &[]);
+    let mine = device_buffer(0, &pattern(LEN as usize, 91));
+    e.register_memory(mine, LEN, "*").unwrap();
+    peer.pull(e.session_id(), mine, LEN).unwrap();
+    assert_eq!(peer.hash(peer.c, LEN), fnv(&pattern(LEN as usize, 91)));
+    peer.signal("STOP");
+    let t = Instant::now();
+    e.unregister_memory(mine).unwrap();
+    let took = t.elapsed();
+    peer.signal("CONT");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "unregister took {took:?} with a stopped importer and MC_IPC_REVOKE_TIMEOUT=1"
+    );
+    let refused = wait_for(Duration::from_secs(10), || {
+        peer.pull(e.session_id(), mine, LEN)
+            .is_err_and(|err| err.contains("rejected remote range"))
+    });
+    assert!(refused, "the importer still reads unregistered memory");
+}
+
+/// Eight threads' first requests to one allocation at once: one open (and one
+/// announcement), every read over IPC with its bytes.
+pub fn concurrent_first_use(vendor: Vendor) {
+    install_fake(vendor);
+    let peer = IpcPeer::spawn(95, &[]);
+    let e = engine_with(&[]);
+    let len = LEN as usize;
+    let dsts: Vec<u64> = (0..8).map(|_| device_buffer(0, &vec![0u8; len])).collect();
+    let barrier = std::sync::Barrier::new(dsts.len());
+    std::thread::scope(|s| {
+        for &dst in &dsts {
+            let (e, barrier, seg, a) = (&e, &barrier, &peer.session, peer.a);
+            s.spawn(move || {
+                barrier.wait();
+                sync(e, seg, &[Request::new(OpCode::Read, dst, a, LEN)]);
+            });
+        }
+    });
+    for &dst in &dsts {
+        assert!(device_bytes(dst, len) == pattern(len, 95));
+    }
+    assert_eq!(
+        ipc_counts(&e),
+        (1, 0, 1),
+        "one open for concurrent first uses"
+    );
+}
+
+/// Requests whose ranges follow each other on both sides go in one device copy per copy
+/// thread; scattered ones in one copy each. Bytes verified both ways. (The fake's copy
+/// counter is process-wide: other tests only add to it, so the bounds allow for them.)
+pub fn adjacent_requests_share_copies(vendor: Vendor) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(97, &[]);
+    let e = engine_with(&[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    let block = 64u64 << 10;
+    let n = 48u64;
+    let data = pattern(len, 98);
+    let src = device_buffer(0, &data);
+    // Warm the mapping.
+    sync(&e, &seg, &[Request::new(OpCode::Write, src, peer.a, block)]);
+    let adjacent: Vec<Request> = (0..n)
+        .map(|i| Request::new(OpCode::Write, src + i * block, peer.a + i * block, block))
+        .collect();
+    let before = crate::fake_gpu::stats()[1];
+    sync(&e, &seg, &adjacent);
+    let together = crate::fake_gpu::stats()[1] - before;
+    assert_eq!(
+        peer.hash(peer.a, n * block),
+        fnv(&data[..(n * block) as usize])
+    );
+    // Reversed on the remote side: nothing follows anything.
+    let reversed: Vec<Request> = (0..n)
+        .map(|i| {
+            Request::new(
+                OpCode::Read,
+                src + i * block,
+                peer.b + (n - 1 - i) * block,
+                block,
+            )
+        })
+        .collect();
+    let before = crate::fake_gpu::stats()[1];
+    sync(&e, &seg, &reversed);
+    let apart = crate::fake_gpu::stats()[1] - before;
+    let b = pattern(len, 97 + 1); // the peer's b
+    let got = device_bytes(src, (n * block) as usize);
+    for i in 0..n as usize {
+        let j = n as usize - 1 - i;
+        let bs = block as usize;
+        assert!(
+            got[i * bs..(i + 1) * bs] == b[j * bs..(j + 1) * bs],
+            "block {i}"
+        );
+    }
+    assert!(together < 16, "{together} copies for {n} adjacent requests");
+    assert!(apart >= n, "{apart} copies for {n} scattered requests");
 }

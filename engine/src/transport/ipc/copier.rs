@@ -1,6 +1,7 @@
 //! Copy threads: each owns one stream per device, takes a group of slices, issues one
-//! asynchronous device-to-device copy per slice, synchronises its stream and completes
-//! the group. Several threads keep several groups in flight.
+//! asynchronous device-to-device copy per run of adjacent slices (one per slice where
+//! they are scattered), synchronises its stream and completes the group. Several
+//! threads keep several groups in flight.
 //!
 //! The memory contract: a slice is [`take`](Slice::take)n (its batch entered, its local
 //! region pinned) before its copy is issued, and finished only after the stream holding
@@ -101,13 +102,42 @@ impl Drop for Copier {
     }
 }
 
+/// One device copy covering the slices `members` (indices into the group's taken
+/// slices), whose ranges follow each other on both sides.
+struct Run {
+    device: u32,
+    stream: Stream,
+    dst: u64,
+    src: u64,
+    len: u64,
+    members: std::ops::Range<usize>,
+}
+
+impl Run {
+    /// Extends the run by a copy that starts where it ends, on both sides.
+    fn extend(&mut self, device: u32, dst: u64, src: u64, len: u64) -> bool {
+        let follows = self.device == device
+            && self.dst.checked_add(self.len) == Some(dst)
+            && self.src.checked_add(self.len) == Some(src);
+        if follows {
+            self.len += len;
+            self.members.end += 1;
+        }
+        follows
+    }
+}
+
 fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
     let carrier: Arc<dyn Abort> = Arc::new(DeviceCopies);
     let mut streams: HashMap<u32, Stream> = HashMap::new();
     let mut last_batch = 0u64;
     let rt = ipc.runtime().clone();
     while let Ok(group) = queue.recv() {
-        let mut issued: Vec<(Held, Arc<Mapping>, u32, String)> = Vec::with_capacity(group.len());
+        // Taken slices, and the copies covering them: slices adjacent on both sides (a
+        // request cut into slices, consecutive blocks of a tensor) go in one copy, since
+        // each copy costs microseconds beyond its bytes.
+        let mut taken: Vec<(Held, Arc<Mapping>, u32, String)> = Vec::with_capacity(group.len());
+        let mut runs: Vec<Run> = Vec::new();
         let mut failed: Vec<(Held, TransferError)> = Vec::new();
         for c in group {
             let Some(held) = c.slice.take(&carrier, &mut last_batch) else {
@@ -122,37 +152,64 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
             };
             let local = held.local_span();
             let (dst, src) = match held.slice().op {
-                OpCode::Write => (c.remote as *mut u8, local.addr() as *const u8),
-                OpCode::Read => (local.addr() as *mut u8, c.remote as *const u8),
+                OpCode::Write => (c.remote, local.addr()),
+                OpCode::Read => (local.addr(), c.remote),
             };
-            // SAFETY: the local range is pinned by `held` until it is finished below,
-            // after the stream is synchronised; the remote range lies inside the mapping
-            // (checked against the driver's size when it was resolved), kept open by
-            // `c.mapping` until then.
-            match unsafe { rt.copy_async(dst, src, local.len(), stream) } {
-                Ok(()) => issued.push((held, c.mapping, c.device, c.peer)),
-                Err(e) => failed.push((held, device_error(&c.peer, e.to_string()))),
+            let len = local.len() as u64;
+            let index = taken.len();
+            taken.push((held, c.mapping, c.device, c.peer));
+            if !runs
+                .last_mut()
+                .is_some_and(|r| r.extend(c.device, dst, src, len))
+            {
+                runs.push(Run {
+                    device: c.device,
+                    stream,
+                    dst,
+                    src,
+                    len,
+                    members: index..index + 1,
+                });
+            }
+        }
+        // Issue every run; a member of a run that could not be issued fails with it.
+        let mut errors: Vec<Option<String>> = vec![None; taken.len()];
+        for r in &runs {
+            let issued = usize::try_from(r.len)
+                .map_err(|_| "copy too large".to_string())
+                .and_then(|len| {
+                    rt.set_device(r.device).map_err(|e| e.to_string())?;
+                    // SAFETY: each member's local range is pinned by its `Held` until it
+                    // is finished below, after the stream is synchronised; each remote
+                    // range lies inside its mapping (checked against the driver's size
+                    // when it was resolved), kept open by the member until then. The
+                    // members' ranges follow each other, so the run covers exactly them.
+                    unsafe { rt.copy_async(r.dst as *mut u8, r.src as *const u8, len, r.stream) }
+                        .map_err(|e| e.to_string())
+                });
+            if let Err(e) = issued {
+                for i in r.members.clone() {
+                    if let Some(slot) = errors.get_mut(i) {
+                        *slot = Some(e.clone());
+                    }
+                }
             }
         }
         // Every stream used by this group, synchronised once.
         let mut results: HashMap<u32, Result<(), String>> = HashMap::new();
-        for (_, _, device, _) in &issued {
-            if !results.contains_key(device) {
-                let r = match streams.get(device) {
-                    Some(&s) => rt
-                        .set_device(*device)
-                        .and_then(|()| rt.stream_sync(s))
-                        .map_err(|e| e.to_string()),
-                    None => Err("no stream".into()),
-                };
-                results.insert(*device, r);
-            }
+        for r in &runs {
+            results.entry(r.device).or_insert_with(|| {
+                rt.set_device(r.device)
+                    .and_then(|()| rt.stream_sync(r.stream))
+                    .map_err(|e| e.to_string())
+            });
         }
-        for (held, mapping, device, peer) in issued {
-            let r = match results.get(&device) {
-                Some(Ok(())) => Ok(()),
-                Some(Err(e)) => Err(device_error(&peer, e.clone())),
-                None => Err(device_error(&peer, "not synchronised".into())),
+        for ((held, mapping, device, peer), error) in taken.into_iter().zip(errors) {
+            let r = match (error, results.get(&device)) {
+                (Some(e), _) => Err(device_error(&peer, e)),
+                (None, Some(Ok(()))) => Ok(()),
+                (None, Some(Err(e))) => Err(device_error(&peer, e.clone())),
+                (None, None) => Err(device_error(&peer, "not synchronised".into())),
             };
             held.finish(r);
             drop(mapping);

@@ -25,8 +25,25 @@ pub(super) struct Export {
     pub location: String,
 }
 
+/// A peer process that opened one of our handles (`opened` control message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Importer {
+    /// Where it takes control messages (`host:port`).
+    pub control: String,
+    /// Its process id (on this host: [`Importer::control`] checked against its liveness).
+    pub pid: u32,
+}
+
+/// What an unregistration leaves to do: ask `importers` to close `shm_name`.
+pub(super) struct Revocation {
+    pub shm_name: String,
+    pub importers: Vec<Importer>,
+}
+
 #[derive(Default)]
 struct Tables {
+    /// Allocation base -> the peers that opened its handle.
+    importers: HashMap<u64, Vec<Importer>>,
     /// Registered region start -> its export.
     regions: HashMap<u64, Export>,
     /// Allocation base -> (handle hex, regions using it).
@@ -116,18 +133,50 @@ impl Exports {
         })
     }
 
-    /// Forgets an unregistered region; the handle of its allocation goes with its last user.
-    pub fn remove(&self, region: &Region) {
+    /// Forgets an unregistered region; the handle of its allocation goes with its last
+    /// user. Every importer of that allocation must let go (its mapping reaches the
+    /// unregistered range even when other regions keep the handle exported): they are
+    /// returned, and forgotten here, so that those still using the allocation open it again.
+    pub fn remove(&self, region: &Region) -> Option<Revocation> {
         let mut tables = self.tables.lock();
-        let Some(export) = tables.regions.remove(&region.addr) else {
-            return;
-        };
+        let export = tables.regions.remove(&region.addr)?;
         if let Some((_, users)) = tables.handles.get_mut(&export.base) {
             *users -= 1;
             if *users == 0 {
                 tables.handles.remove(&export.base);
             }
         }
+        let importers = tables.importers.remove(&export.base).unwrap_or_default();
+        Some(Revocation {
+            shm_name: export.shm_name,
+            importers,
+        })
+    }
+
+    /// Records that `importer` opened the handle `shm_name`; refused when we do not export
+    /// it (any more) or too many peers hold it.
+    pub fn record_importer(&self, shm_name: &str, importer: Importer) -> Result<(), String> {
+        let mut tables = self.tables.lock();
+        let Some(base) = tables
+            .handles
+            .iter()
+            .find(|(_, (hex, _))| hex.eq_ignore_ascii_case(shm_name))
+            .map(|(base, _)| *base)
+        else {
+            return Err("this handle is not exported (the memory was unregistered); fetch the descriptor again".into());
+        };
+        let list = tables.importers.entry(base).or_default();
+        if list.contains(&importer) {
+            return Ok(());
+        }
+        if list.len() >= super::control::MAX_IMPORTERS_PER_HANDLE {
+            return Err(format!(
+                "{} peers already hold this handle; use TCP",
+                list.len()
+            ));
+        }
+        list.push(importer);
+        Ok(())
     }
 
     /// Adds `shm_name`, `shm_offset` and the location to the exported buffers of `desc`.

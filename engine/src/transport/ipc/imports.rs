@@ -3,9 +3,10 @@
 //! and closed when the peer's descriptor no longer lists it, when the peer's process is
 //! gone, or at shutdown. Copies in flight hold their mapping, so a close waits for them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -45,6 +46,49 @@ struct PeerMaps {
     pid_ns: Option<String>,
     host_id: Option<String>,
     maps: HashMap<String, Opened>,
+    /// Handles the peer revoked -> when (its clock, descriptor timestamp format), and
+    /// when we were told (the entry lapses after [`REVOKED_FOR`]).
+    revoked: HashMap<String, (String, Instant)>,
+    /// Handles being opened, or revoked and not yet closed.
+    busy: HashSet<String>,
+}
+
+/// What the cache says about one handle.
+enum Cache {
+    Hit(Opened),
+    /// Another thread opens or closes it now.
+    Busy,
+    /// Not there: the caller opens it.
+    Miss,
+}
+
+/// How long a resolve waits for another thread's open or close of the same handle: an
+/// open waits for the peer's answer (within `MC_HANDSHAKE_TIMEOUT`), a close for copies.
+const BUSY_WAIT: Duration = Duration::from_secs(10);
+
+/// Revocations remembered per peer.
+const MAX_REVOKED: usize = 1024;
+/// How long a revocation refuses stale descriptors: the engine drops its cached
+/// descriptor when told, so only submits already under way, or a metadata store that has
+/// not yet seen the peer's new descriptor, can still present one. Bounded so that a
+/// forged `release` with a far-future `revoked_at` cannot keep IPC off for long.
+const REVOKED_FOR: Duration = Duration::from_secs(60);
+
+/// Refuses `shm` when the peer revoked it after `peer` (its descriptor) was encoded:
+/// such a descriptor may still list the unregistered memory. Timestamps of one host's
+/// clock in one fixed-width format compare as text.
+fn revoked_check(entry: &PeerMaps, peer: &SegmentDesc, shm: &str) -> Result<(), String> {
+    match entry.revoked.get(&shm.to_ascii_uppercase()) {
+        Some((at, told))
+            if told.elapsed() < REVOKED_FOR && peer.timestamp.as_str() <= at.as_str() =>
+        {
+            Err(format!(
+            "the peer revoked this handle at {at} when it unregistered memory, after this descriptor ({}) was encoded; fetch it again",
+            peer.timestamp
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Mappings per peer segment.
@@ -74,11 +118,14 @@ impl Imports {
     }
 
     /// The mapping of `buffer` of `peer` (opened on `device` on first use), or why none.
+    /// A new mapping is announced to the peer (`announce`, without any lock held) before
+    /// it is used, so that the peer can revoke it; an announcement refused fails it.
     pub fn resolve(
         &self,
         peer: &SegmentDesc,
         buffer: &BufferDesc,
         device: u32,
+        announce: &dyn Fn(&str) -> Result<(), String>,
     ) -> Result<Target, String> {
         let Some(shm) = buffer.shm_name.as_deref() else {
             return Err(
@@ -86,23 +133,61 @@ impl Imports {
                     .into(),
             );
         };
+        // One open of a handle at a time in this process: the runtime's IPC mappings are
+        // per process, and a second open while one is alive (being opened, or revoked and
+        // waiting for its copies) is not something to rely on.
+        let deadline = Instant::now() + BUSY_WAIT;
+        let opened = loop {
+            match self.cached(peer, shm)? {
+                Cache::Hit(o) => break o,
+                Cache::Busy if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Cache::Busy => return Err("the handle is being opened or closed".into()),
+                Cache::Miss => {
+                    // Opened and announced unlocked: the announcement waits on the peer.
+                    let o = self
+                        .open(shm, device)
+                        .and_then(|m| announce(shm).map(|()| m));
+                    let mut peers = self.peers.lock();
+                    let Some(entry) = peers.get_mut(&peer.name) else {
+                        return Err("the peer's mappings were dropped meanwhile".into());
+                    };
+                    entry.busy.remove(shm);
+                    revoked_check(entry, peer, shm)?;
+                    break entry.maps.entry(shm.to_string()).or_insert(o).clone();
+                }
+            }
+        };
+        let mapping = opened?;
+        let offset = buffer.shm_offset.unwrap_or(0);
+        match offset.checked_add(buffer.length) {
+            Some(end) if end <= mapping.size => Ok(Target {
+                buffer_base: mapping.base + offset,
+                mapping,
+            }),
+            _ => Err(format!(
+                "the buffer ({} bytes at offset {offset}) does not fit the {}-byte allocation its handle maps",
+                buffer.length, mapping.size
+            )),
+        }
+    }
+
+    /// What the cache holds for `shm` of `peer` (after bringing the peer's entry up to
+    /// date with its descriptor), or an error if the peer revoked it. A miss marks the
+    /// handle busy: the caller opens it and clears the mark.
+    fn cached(&self, peer: &SegmentDesc, shm: &str) -> Result<Cache, String> {
         let mut peers = self.peers.lock();
         let at = peer as *const SegmentDesc as usize;
-        if !peers.contains_key(&peer.name) {
-            peers.insert(
-                peer.name.clone(),
-                PeerMaps {
-                    seen: (at, peer.timestamp.clone()),
-                    pid: peer.pid,
-                    pid_ns: peer.pid_ns.clone(),
-                    host_id: peer.host_id.clone(),
-                    maps: HashMap::new(),
-                },
-            );
-        }
-        let Some(entry) = peers.get_mut(&peer.name) else {
-            return Err("internal: peer entry missing".into());
-        };
+        let entry = peers.entry(peer.name.clone()).or_insert_with(|| PeerMaps {
+            seen: (at, peer.timestamp.clone()),
+            pid: peer.pid,
+            pid_ns: peer.pid_ns.clone(),
+            host_id: peer.host_id.clone(),
+            maps: HashMap::new(),
+            revoked: HashMap::new(),
+            busy: HashSet::new(),
+        });
         if entry.seen.0 != at || entry.seen.1 != peer.timestamp {
             // A new descriptor: close what it no longer lists; a restarted peer (new
             // process) shares nothing with the old one.
@@ -115,31 +200,63 @@ impl Imports {
             entry
                 .maps
                 .retain(|k, _| !restarted && listed.contains(k.as_str()));
+            if restarted {
+                entry.revoked.clear();
+            }
             entry.seen = (at, peer.timestamp.clone());
             entry.pid = peer.pid;
             entry.pid_ns = peer.pid_ns.clone();
             entry.host_id = peer.host_id.clone();
         }
-        let opened = match entry.maps.get(shm) {
-            Some(o) => o.clone(),
-            None => {
-                let o = self.open(shm, device);
-                entry.maps.insert(shm.to_string(), o.clone());
-                o
+        revoked_check(entry, peer, shm)?;
+        if let Some(o) = entry.maps.get(shm) {
+            return Ok(Cache::Hit(o.clone()));
+        }
+        if entry.busy.contains(shm) {
+            return Ok(Cache::Busy);
+        }
+        entry.busy.insert(shm.to_string());
+        Ok(Cache::Miss)
+    }
+
+    /// The peer `exporter` revoked `shm` at `revoked_at`: its mapping leaves the cache and
+    /// descriptors encoded until then may not open it again. Returns the mapping, which
+    /// closes once the copies in flight that hold it are done.
+    pub fn revoke(&self, exporter: &str, shm: &str, revoked_at: &str) -> Option<Arc<Mapping>> {
+        let mut peers = self.peers.lock();
+        let entry = peers.get_mut(exporter)?;
+        entry
+            .revoked
+            .retain(|_, (_, told)| told.elapsed() < REVOKED_FOR);
+        if entry.revoked.len() >= MAX_REVOKED
+            && !entry.revoked.contains_key(&shm.to_ascii_uppercase())
+        {
+            // Bounded: the oldest revocations are the least likely to matter.
+            if let Some(oldest) = entry
+                .revoked
+                .iter()
+                .min_by_key(|(_, (_, told))| *told)
+                .map(|(k, _)| k.clone())
+            {
+                entry.revoked.remove(&oldest);
             }
-        };
-        drop(peers);
-        let mapping = opened?;
-        let offset = buffer.shm_offset.unwrap_or(0);
-        match offset.checked_add(buffer.length) {
-            Some(end) if end <= mapping.size => Ok(Target {
-                buffer_base: mapping.base + offset,
-                mapping,
-            }),
-            _ => Err(format!(
-                "the buffer ({} bytes at offset {offset}) does not fit the {}-byte allocation its handle maps",
-                buffer.length, mapping.size
-            )),
+        }
+        entry.revoked.insert(
+            shm.to_ascii_uppercase(),
+            (revoked_at.to_string(), Instant::now()),
+        );
+        let removed = entry.maps.remove(shm).and_then(Result::ok);
+        if removed.is_some() {
+            // Until it is closed (`closed`), nobody opens the handle again.
+            entry.busy.insert(shm.to_string());
+        }
+        removed
+    }
+
+    /// The revoked mapping of `shm` from `exporter` was closed (or given up on).
+    pub fn closed(&self, exporter: &str, shm: &str) {
+        if let Some(entry) = self.peers.lock().get_mut(exporter) {
+            entry.busy.remove(shm);
         }
     }
 

@@ -16,7 +16,13 @@
 //! ([`imports`]) and the slices are copied device to device on streams ([`copier`]).
 //! A handle that cannot be opened sends that buffer's requests back to TCP, logged
 //! once with the reason.
+//!
+//! Revocation ([`control`]): an importer announces each handle it opens to the exporter
+//! (when the peer advertises `ipc_control`, i.e. is one of our engines), and
+//! `unregister_memory` on the exporter returns only after every live importer of that
+//! allocation closed its mapping, or `MC_IPC_REVOKE_TIMEOUT` passed (logged as an error).
 
+mod control;
 mod copier;
 mod exports;
 mod host;
@@ -25,6 +31,7 @@ mod settings;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -38,8 +45,9 @@ use crate::error::TransferError;
 use crate::memory::{MemoryRegistry, Region};
 use crate::wire::descriptor::{BufferDesc, SegmentDesc};
 use crate::wire::session::SegmentId;
+use control::{Control, Reply};
 use copier::{Copier, Copy};
-use exports::Exports;
+use exports::{Exports, Importer, Revocation};
 use host::HostIdentity;
 use imports::Imports;
 
@@ -68,6 +76,12 @@ pub struct IpcTransport {
     imports: Imports,
     /// Per peer, the kind of the last decision logged (so each is logged once).
     decisions: Mutex<HashMap<String, Decision>>,
+    /// Our segment name (the `exporter` of our `release` messages).
+    session_id: String,
+    /// Where we take control messages: `host:port` of the handshake port.
+    control: String,
+    /// Handshake bounds for the control messages we send.
+    config: Config,
     // Last: joined after the tables above are no longer needed by new work.
     copier: Copier,
 }
@@ -75,7 +89,13 @@ pub struct IpcTransport {
 impl IpcTransport {
     /// Starts the transport when a GPU runtime with devices and IPC calls is loaded;
     /// otherwise says why it is unavailable.
-    pub fn start(_memory: Arc<MemoryRegistry>, _config: &Config) -> Result<Self, String> {
+    /// `session_id` is our segment name, `control` the `host:port` of our handshake port.
+    pub fn start(
+        _memory: Arc<MemoryRegistry>,
+        config: &Config,
+        session_id: &str,
+        control: &str,
+    ) -> Result<Self, String> {
         let rt = crate::device::runtime().map_err(|e| e.to_string())?;
         if rt.device_count() == 0 {
             return Err(format!(
@@ -105,6 +125,9 @@ impl IpcTransport {
             settings,
             host,
             decisions: Mutex::new(HashMap::new()),
+            session_id: session_id.to_string(),
+            control: control.to_string(),
+            config: config.clone(),
             copier,
         };
         tracing::info!("{}", t.describe_decision());
@@ -190,6 +213,171 @@ impl IpcTransport {
     }
 }
 
+impl IpcTransport {
+    /// Tells the exporter `peer` that we opened its handle `shm`, so that it can revoke
+    /// it. Upstream peers (no `ipc_control`) are not told and cannot revoke.
+    fn announce(&self, peer: &SegmentDesc, shm: &str) -> Result<(), String> {
+        let Some(addr) = peer.ipc_control.as_deref() else {
+            tracing::debug!(
+                "segment {} (upstream) cannot revoke the IPC handle we open: it is not told",
+                peer.name
+            );
+            return Ok(());
+        };
+        let msg = Control::Opened {
+            shm_name: shm.to_string(),
+            importer: self.control.clone(),
+            pid: self.host.pid,
+            host_id: self.host.host_id.clone(),
+        };
+        let to = crate::wire::session::HostPort::parse(addr, 0)
+            .map_err(|e| format!("its ipc_control {addr:?} is not a host:port: {e}"))?;
+        let reply = crate::metadata::handshake::request(
+            &to,
+            crate::wire::handshake::MessageType::IpcControl,
+            &msg.encode(),
+            &self.config,
+        )
+        .map_err(|e| format!("it could not be told that we opened its handle: {e}"))?;
+        Reply::check(&reply).map_err(|e| format!("it refused the handle: {e}"))
+    }
+
+    /// Asks every importer of the unregistered region's allocation to let go, and waits
+    /// (all in parallel, within `MC_IPC_REVOKE_TIMEOUT`). An importer whose process is
+    /// gone counts as released; one that does not answer in time is logged as an error.
+    fn revoke(&self, region: &Region, r: Revocation, revoked_at: &str) {
+        let live: Vec<Importer> = r
+            .importers
+            .into_iter()
+            .filter(|i| !self.importer_gone(i))
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        let limit = self.settings.revoke_timeout;
+        let deadline = Instant::now() + limit;
+        let msg = Control::Release {
+            shm_name: r.shm_name,
+            exporter: self.session_id.clone(),
+            revoked_at: revoked_at.to_string(),
+        }
+        .encode();
+        std::thread::scope(|scope| {
+            for importer in &live {
+                let msg = &msg;
+                scope.spawn(move || {
+                    let result = self.release_one(importer, msg, deadline);
+                    match result {
+                        Ok(()) => tracing::debug!(
+                            "importer {} (pid {}) released {} at {:#x}",
+                            importer.control,
+                            importer.pid,
+                            region.location,
+                            region.addr
+                        ),
+                        Err(_) if self.importer_gone(importer) => {}
+                        Err(why) => tracing::error!(
+                            "unregistering {} memory at {:#x}+{}: the same-host peer at {} (pid {}) holding an IPC mapping of it did not confirm it let go within {limit:?} (MC_IPC_REVOKE_TIMEOUT): {why}; it may still write into this memory",
+                            region.location,
+                            region.addr,
+                            region.len,
+                            importer.control,
+                            importer.pid
+                        ),
+                    }
+                });
+            }
+        });
+    }
+
+    fn release_one(&self, importer: &Importer, msg: &str, deadline: Instant) -> Result<(), String> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("no time left".into());
+        }
+        let mut cfg = self.config.clone();
+        cfg.handshake_timeout = left;
+        cfg.handshake_connect_timeout = cfg.handshake_connect_timeout.min(left);
+        let to = crate::wire::session::HostPort::parse(&importer.control, 0)
+            .map_err(|e| e.to_string())?;
+        let reply = crate::metadata::handshake::request(
+            &to,
+            crate::wire::handshake::MessageType::IpcControl,
+            msg,
+            &cfg,
+        )
+        .map_err(|e| e.to_string())?;
+        Reply::check(&reply)
+    }
+
+    fn importer_gone(&self, i: &Importer) -> bool {
+        self.host.peer_gone(&SegmentDesc {
+            pid: Some(i.pid),
+            pid_ns: Some(self.host.pid_ns.clone()),
+            host_id: Some(self.host.host_id.clone()),
+            ..SegmentDesc::default()
+        })
+    }
+
+    /// Answers a peer's control message: every field is checked, nothing panics.
+    fn serve_control(&self, json: &str, forget: &dyn Fn(&str)) -> String {
+        let msg = match Control::decode(json) {
+            Ok(m) => m,
+            Err(why) => {
+                tracing::warn!("IPC control message refused: {why}");
+                return Reply::refused(why);
+            }
+        };
+        match msg {
+            Control::Opened {
+                shm_name,
+                importer,
+                pid,
+                host_id,
+            } => {
+                if host_id != self.host.host_id {
+                    return Reply::refused("the importer runs on another host");
+                }
+                match self.exports.record_importer(
+                    &shm_name,
+                    Importer {
+                        control: importer,
+                        pid,
+                    },
+                ) {
+                    Ok(()) => Reply::ok(),
+                    Err(why) => Reply::refused(why),
+                }
+            }
+            Control::Release {
+                shm_name,
+                exporter,
+                revoked_at,
+            } => {
+                // New submits fetch the descriptor again; then the revoked handle is
+                // refused for descriptors as old as the revocation.
+                forget(&exporter);
+                let Some(mapping) = self.imports.revoke(&exporter, &shm_name, &revoked_at) else {
+                    return Reply::ok();
+                };
+                // Copies in flight hold the mapping: wait for them (device time only).
+                let deadline = Instant::now() + self.settings.revoke_timeout;
+                while Arc::strong_count(&mapping) > 1 && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let done = Arc::strong_count(&mapping) == 1;
+                drop(mapping);
+                self.imports.closed(&exporter, &shm_name);
+                if !done {
+                    return Reply::refused("copies to the memory are still in flight");
+                }
+                tracing::info!("segment {exporter} unregistered memory: its IPC mapping is closed");
+                Reply::ok()
+            }
+        }
+    }
+}
+
 impl Transport for IpcTransport {
     fn protocol(&self) -> &'static str {
         self.protocol
@@ -198,6 +386,7 @@ impl Transport for IpcTransport {
     fn describe(&self, desc: &mut SegmentDesc) {
         self.exports.describe(desc);
         self.host.describe(desc);
+        desc.ipc_control = Some(self.control.clone());
         if self.settings.forced {
             desc.protocol = vec![self.protocol.to_string()];
         }
@@ -240,8 +429,9 @@ impl Transport for IpcTransport {
         let device = local_device.unwrap_or(0);
         match self
             .imports
-            .resolve(peer, remote, self.open_device(remote, device))
-        {
+            .resolve(peer, remote, self.open_device(remote, device), &|shm| {
+                self.announce(peer, shm)
+            }) {
             Ok(_) => {
                 self.note(peer, Decision::Ipc, || {
                     format!(
@@ -303,8 +493,9 @@ impl Transport for IpcTransport {
             };
             match self
                 .imports
-                .resolve(peer, buffer, self.open_device(buffer, device))
-            {
+                .resolve(peer, buffer, self.open_device(buffer, device), &|shm| {
+                    self.announce(peer, shm)
+                }) {
                 Ok(target) => {
                     let remote = target.buffer_base + (s.remote - buffer.addr);
                     copies.push(Copy {
@@ -345,7 +536,16 @@ impl Transport for IpcTransport {
     }
 
     fn on_unregister(&self, region: &Arc<Region>) {
-        self.exports.remove(region);
+        // Descriptors encoded from now on no longer list the region (the registry
+        // retired it before this hook), so importers may trust only those.
+        let revoked_at = crate::net::timestamp_now();
+        if let Some(r) = self.exports.remove(region) {
+            self.revoke(region, r, &revoked_at);
+        }
+    }
+
+    fn handle_ipc_control(&self, json: &str, forget: &dyn Fn(&str)) -> Option<String> {
+        Some(self.serve_control(json, forget))
     }
 
     fn decision(&self) -> Option<String> {

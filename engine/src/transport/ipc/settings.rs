@@ -22,7 +22,13 @@ pub struct IpcSettings {
     pub slice_size: u64,
     /// Copy threads, each with its own stream per device (`MC_IPC_COPY_THREADS`).
     pub copy_threads: usize,
+    /// How long `unregister_memory` waits for the peers holding an IPC mapping of the
+    /// memory to let go (`MC_IPC_REVOKE_TIMEOUT`, seconds).
+    pub revoke_timeout: std::time::Duration,
 }
+
+/// Default of `MC_IPC_REVOKE_TIMEOUT` (seconds).
+pub const DEFAULT_REVOKE_TIMEOUT_S: u64 = 5;
 
 /// Default of `MC_IPC_SLICE_SIZE`: measured on two H200s over NV18, 64 MiB requests ran at
 /// the raw peer-copy rate with 64 MiB slices and at 0.78 of it with 4 MiB slices (more
@@ -96,6 +102,12 @@ impl IpcSettings {
             DEFAULT_COPY_THREADS as u64,
             1..=16,
         )? as usize;
+        let revoke_timeout = std::time::Duration::from_secs(number(
+            env,
+            "MC_IPC_REVOKE_TIMEOUT",
+            DEFAULT_REVOKE_TIMEOUT_S,
+            1..=600,
+        )?);
         Ok(Self {
             auto,
             forced,
@@ -103,6 +115,7 @@ impl IpcSettings {
             host_id,
             slice_size,
             copy_threads,
+            revoke_timeout,
         })
     }
 }
@@ -157,7 +170,10 @@ mod tests {
         assert!(e.contains("MC_MUSA_IPC_OPEN_DEVICE"), "{e}");
         let e = with(&[("MC_IPC_COPY_THREADS", "0")], Vendor::Cuda).unwrap_err();
         assert!(e.contains("MC_IPC_COPY_THREADS"), "{e}");
+        let e = with(&[("MC_IPC_REVOKE_TIMEOUT", "0")], Vendor::Cuda).unwrap_err();
+        assert!(e.contains("MC_IPC_REVOKE_TIMEOUT"), "{e}");
         let ok = with(&[("MC_IPC_SLICE_SIZE", "67108864")], Vendor::Cuda).unwrap();
+        assert_eq!(ok.revoke_timeout.as_secs(), DEFAULT_REVOKE_TIMEOUT_S);
         assert_eq!(
             (ok.slice_size, ok.copy_threads),
             (64 << 20, DEFAULT_COPY_THREADS)
