@@ -282,6 +282,11 @@ impl TransferEngine {
             .prometheus_text(&self.inner.transport_counters())
     }
 
+    /// Where the metrics endpoint listens (`MC_METRICS_PORT`; port 0 picks a free one).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self._metrics_server.as_ref().map(MetricsServer::addr)
+    }
+
     /// The session id peers use as `target_hostname`: `host:rpc_port`.
     pub fn session_id(&self) -> &str {
         &self.inner.session_id
