@@ -338,14 +338,8 @@ impl Config {
             c.tcp_bind_address = Some(ip);
         }
         c.metrics_port = env.int::<u16>("MC_METRICS_PORT", "a TCP port, 0 to 65535")?;
-        if let Some(v) = get("MC_METRICS_BIND_ADDRESS") {
-            let ip = v.trim().parse::<IpAddr>().map_err(|_| ConfigError {
-                var: "MC_METRICS_BIND_ADDRESS",
-                value: v.clone(),
-                expected: "an IPv4 or IPv6 address".into(),
-            })?;
-            c.metrics_bind_address = Some(ip);
-        }
+        c.metrics_bind_address =
+            env.int::<IpAddr>("MC_METRICS_BIND_ADDRESS", "an IPv4 or IPv6 address")?;
         c.use_ipv6 = env.flag("MC_USE_IPV6")?;
         if let Some(id) = get("MC_METADATA_CLUSTER_ID") {
             c.metadata_cluster_id = id;
@@ -735,6 +729,8 @@ mod tests {
             ("MC_TCP_LANES_PER_PEER", "17"),
             ("MC_TCP_STATUS_TIMEOUT_SEC", "0"),
             ("MC_TCP_BIND_ADDRESS", "localhost"),
+            ("MC_METRICS_PORT", "70000"),
+            ("MC_METRICS_BIND_ADDRESS", "anywhere"),
             ("MC_LOG_LEVEL", "LOUD"),
             ("MC_USE_IPV6", "maybe"),
             ("MC_HANDSHAKE_SERVER_TIMEOUT", "0"),
