@@ -150,3 +150,42 @@ fn no_endpoint_without_a_metrics_port() {
     assert!(e.metrics_addr().is_none());
     assert!(e.metrics_text().contains("mooncake_te_requests_total"));
 }
+
+#[test]
+fn a_connection_the_peer_closed_is_counted_as_a_reconnect() {
+    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    // The target closes data connections idle for 1 s.
+    let peer = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            tcp_server_idle_timeout: Duration::from_secs(1),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let remote = HostBuffer::new(LEN as usize);
+    peer.register_memory(remote.addr(), LEN, "cpu:0").unwrap();
+    let local = HostBuffer::new(LEN as usize);
+    let write = Request::new(OpCode::Write, local.addr(), remote.addr(), LEN);
+    let tcp = |e: &TransferEngine| {
+        e.metrics()
+            .transports
+            .into_iter()
+            .find(|t| t.protocol == "tcp")
+            .unwrap()
+            .connections
+    };
+    // SAFETY: both buffers outlive the calls.
+    unsafe { initiator.transfer_sync(peer.session_id(), &[write]) }.unwrap();
+    let before = tcp(&initiator);
+    assert_eq!(before.reconnects, 0, "{before:?}");
+    std::thread::sleep(Duration::from_millis(2500));
+    for _ in 0..initiator.config().tcp_lanes_per_peer * 2 {
+        // SAFETY: as above.
+        unsafe { initiator.transfer_sync(peer.session_id(), &[write]) }.unwrap();
+    }
+    let after = tcp(&initiator);
+    assert!(after.reconnects >= 1, "{after:?}");
+    assert!(after.connects > before.connects, "{after:?}");
+}
