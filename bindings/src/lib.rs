@@ -24,6 +24,8 @@ mod gil;
 #[cfg(feature = "python")]
 pub mod py_engine;
 #[cfg(feature = "python")]
+mod py_metrics;
+#[cfg(feature = "python")]
 pub mod py_types;
 
 #[cfg(feature = "python")]

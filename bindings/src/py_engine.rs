@@ -482,6 +482,16 @@ impl PyTransferEngine {
         0
     }
 
+    /// Transfer metrics as a dict (shape in `engine.pyi`); RuntimeError before `initialize`.
+    fn get_metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let engine = self.inner.engine().map_err(|_| {
+            pyo3::exceptions::PyRuntimeError::new_err(
+                "get_metrics: the engine is not initialized; call initialize() first",
+            )
+        })?;
+        crate::py_metrics::to_dict(py, &engine.metrics())
+    }
+
     /// The engine, for components that share it; None before `initialize`.
     fn get_engine(&self) -> Option<PyInnerTransferEngine> {
         self.inner

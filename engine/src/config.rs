@@ -97,6 +97,11 @@ pub struct Config {
     /// `MC_TCP_LINK_IDLE_SEC` (ours): connections and lane threads to a peer are closed
     /// after this long without work (or once the peer is gone); reopened on next use.
     pub tcp_link_idle_timeout: Duration,
+    /// `MC_METRICS_PORT`: serve Prometheus metrics on this port (`None`: no endpoint).
+    pub metrics_port: Option<u16>,
+    /// `MC_METRICS_BIND_ADDRESS`: address of the metrics endpoint (default: the engine's
+    /// listen address).
+    pub metrics_bind_address: Option<IpAddr>,
     /// `MC_TCP_BIND_ADDRESS`: address the listeners bind to and advertise.
     pub tcp_bind_address: Option<IpAddr>,
     /// `MC_USE_IPV6`.
@@ -176,6 +181,8 @@ impl Default for Config {
             tcp_stripe_size: 4 << 20,
             tcp_pipeline_depth: 16,
             tcp_link_idle_timeout: Duration::from_secs(120),
+            metrics_port: None,
+            metrics_bind_address: None,
             tcp_bind_address: None,
             use_ipv6: false,
             log_level: LogLevel::Info,
@@ -330,6 +337,9 @@ impl Config {
             })?;
             c.tcp_bind_address = Some(ip);
         }
+        c.metrics_port = env.int::<u16>("MC_METRICS_PORT", "a TCP port, 0 to 65535")?;
+        c.metrics_bind_address =
+            env.int::<IpAddr>("MC_METRICS_BIND_ADDRESS", "an IPv4 or IPv6 address")?;
         c.use_ipv6 = env.flag("MC_USE_IPV6")?;
         if let Some(id) = get("MC_METADATA_CLUSTER_ID") {
             c.metadata_cluster_id = id;
@@ -719,6 +729,8 @@ mod tests {
             ("MC_TCP_LANES_PER_PEER", "17"),
             ("MC_TCP_STATUS_TIMEOUT_SEC", "0"),
             ("MC_TCP_BIND_ADDRESS", "localhost"),
+            ("MC_METRICS_PORT", "70000"),
+            ("MC_METRICS_BIND_ADDRESS", "anywhere"),
             ("MC_LOG_LEVEL", "LOUD"),
             ("MC_USE_IPV6", "maybe"),
             ("MC_HANDSHAKE_SERVER_TIMEOUT", "0"),

@@ -27,6 +27,7 @@ pub mod log_throttle;
 pub mod logging;
 pub mod memory;
 pub mod metadata;
+pub mod metrics;
 pub mod net;
 pub mod notify_queue;
 pub mod task;

@@ -19,6 +19,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::TransferError;
 use crate::memory::Abort;
+use crate::metrics::Recorder;
 
 /// Ids of batches; 0 is never used, so it can mean "none".
 static NEXT_BATCH_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -59,6 +60,8 @@ pub struct BatchState {
     done: Condvar,
     submitted_at: Instant,
     deadline: Instant,
+    /// Where finished requests are counted (set once, before any slice is posted).
+    recorder: OnceLock<Recorder>,
 }
 
 impl BatchState {
@@ -83,6 +86,7 @@ impl BatchState {
             done: Condvar::new(),
             submitted_at: now,
             deadline: now + budget,
+            recorder: OnceLock::new(),
         })
     }
 
@@ -114,9 +118,26 @@ impl BatchState {
         if let Err(e) = result {
             let _ = task.error.set(e);
         }
-        if task.remaining.fetch_sub(1, Ordering::AcqRel) == 1
-            && self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1
-        {
+        if task.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.task_finished(i, task);
+        }
+    }
+
+    /// Counts batch metrics into `recorder` from now on; a second call is ignored.
+    pub fn set_recorder(&self, recorder: Recorder) {
+        let _ = self.recorder.set(recorder);
+    }
+
+    fn task_finished(&self, i: usize, task: &TaskState) {
+        let recorder = self.recorder.get();
+        let elapsed = recorder.map(|_| self.submitted_at.elapsed());
+        if let (Some(r), Some(elapsed)) = (recorder, elapsed) {
+            r.request_done(i, task.error.get(), elapsed);
+        }
+        if self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let (Some(r), Some(elapsed)) = (recorder, elapsed) {
+                r.batch_done(elapsed);
+            }
             let _guard = self.lock.lock();
             self.done.notify_all();
         }
@@ -128,11 +149,8 @@ impl BatchState {
             return;
         };
         let _ = task.error.set(error);
-        if task.remaining.swap(0, Ordering::AcqRel) > 0
-            && self.unfinished.fetch_sub(1, Ordering::AcqRel) == 1
-        {
-            let _guard = self.lock.lock();
-            self.done.notify_all();
+        if task.remaining.swap(0, Ordering::AcqRel) > 0 {
+            self.task_finished(i, task);
         }
     }
 

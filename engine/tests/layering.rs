@@ -77,6 +77,12 @@ const MODULES: &[(&str, u32, &str)] = &[
          (the engine's own EngineError lives in engine/)",
     ),
     (
+        "metrics",
+        46,
+        "shared: request counters and latency histograms that batches record into and the \
+         engine reads; transports report their connection counters in its type; uses error",
+    ),
+    (
         "task",
         47,
         "shared: batch completion state that transports fill and the engine reads; uses error",

@@ -190,6 +190,29 @@ class TransferEngine:
     def get_notifies(self) -> List[TransferNotify]: ...
     def send_probe(self, peer_server_name: str) -> int: ...
     def warmup_efa_segment(self, segment_name: str) -> int: ...
+    def get_metrics(self) -> Dict[str, Any]:
+        """Transfer metrics of this engine (as initiator), always on. Raises ``RuntimeError``
+        before ``initialize``. Shape::
+
+            {
+              "transports": {            # per transport, by protocol ("tcp", "rdma", ...)
+                "tcp": {
+                  "bytes_read": int, "bytes_written": int,   # of completed requests
+                  "requests": int,                           # finished, completed or failed
+                  "failures": {kind: int},  # peer_unreachable, peer_lost, address_rejected,
+                                            # protocol, local_not_registered, timeout, canceled
+                  "connects": int, "reconnects": int, "retries": int,  # TCP only; 0 elsewhere
+                  "request_latency": {"count": int, "sum_seconds": float},
+                  "batch_latency": {"count": int, "sum_seconds": float},
+                },
+              },
+              "peers": {                 # per peer segment name; beyond peer_cap: "other"
+                "host:port": {"bytes_read": int, "bytes_written": int, "requests": int,
+                              "failures": {kind: int}},
+              },
+              "peer_cap": int,
+            }
+        """
     def get_engine(self) -> Optional[InnerTransferEngine]: ...
     def get_engine_ptr(self) -> int: ...
 

@@ -6,6 +6,7 @@ mod housekeeping;
 mod location;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,9 @@ use crate::metadata::etcd::EtcdStore;
 use crate::metadata::handshake::{self, HandshakeServer};
 use crate::metadata::http::HttpStore;
 use crate::metadata::{MetadataStore, P2pStore, RpcMeta};
+use crate::metrics::{
+    Counters, Metrics, MetricsServer, MetricsSnapshot, RequestInfo, TransportCounters,
+};
 use crate::net;
 use crate::notify_queue::{NotifyQueue, REFUSED_REPLY};
 use crate::task::BatchState;
@@ -99,6 +103,7 @@ pub struct TransferEngine {
     // Dropped first: stop housekeeping and serving handshakes before the rest goes away.
     _housekeeping: Housekeeping,
     _rpc: HandshakeServer,
+    _metrics_server: Option<crate::metrics::MetricsServer>,
     inner: Arc<Inner>,
 }
 
@@ -112,11 +117,14 @@ struct Inner {
     transports: Vec<Arc<dyn Transport>>,
     segments: RwLock<HashMap<String, Arc<Segment>>>,
     notifies: NotifyQueue,
+    metrics: Metrics,
 }
 
 struct Segment {
     // An `Arc` so a submit takes the descriptor in one pointer copy.
     desc: RwLock<Arc<SegmentDesc>>,
+    // The peer's metrics entry, looked up once per cached segment, not per submit.
+    peer_metrics: Arc<Counters>,
 }
 
 impl TransferEngine {
@@ -190,7 +198,12 @@ impl TransferEngine {
             request,
         )?;
         let notify_bytes = config.notify_queue_bytes;
+        let protocols: Vec<&'static str> = transports.iter().map(|t| t.protocol()).collect();
+        let metrics_addr = config
+            .metrics_port
+            .map(|port| SocketAddr::new(config.metrics_bind_address.unwrap_or(ip), port));
         let inner = Arc::new(Inner {
+            metrics: Metrics::new(&protocols),
             store,
             config,
             session_id,
@@ -214,6 +227,24 @@ impl TransferEngine {
             }
         })?;
         let housekeeping = Housekeeping::start(Arc::downgrade(&inner))?;
+        let metrics_server = match metrics_addr {
+            None => None,
+            Some(addr) => {
+                let weak = Arc::downgrade(&inner);
+                let render = Box::new(move || {
+                    weak.upgrade()
+                        .map(|inner| inner.metrics.prometheus_text(&inner.transport_counters()))
+                        .unwrap_or_default()
+                });
+                let server =
+                    MetricsServer::start(addr, render).map_err(|source| EngineError::Listen {
+                        what: format!("cannot serve metrics on {addr} (MC_METRICS_PORT)"),
+                        source,
+                    })?;
+                tracing::info!("metrics at http://{}/metrics", server.addr());
+                Some(server)
+            }
+        };
         // Published once peers can reach our handshake port (a store may probe it), and
         // nothing fallible comes after it but `leave` on failure.
         let rpc_meta = RpcMeta {
@@ -239,7 +270,28 @@ impl TransferEngine {
             inner,
             _housekeeping: housekeeping,
             _rpc: rpc,
+            _metrics_server: metrics_server,
         })
+    }
+
+    /// A copy of the transfer metrics: per transport and per peer segment (see
+    /// [`crate::metrics`]).
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner
+            .metrics
+            .snapshot(&self.inner.transport_counters())
+    }
+
+    /// The metrics in the Prometheus text format (what `MC_METRICS_PORT` serves).
+    pub fn metrics_text(&self) -> String {
+        self.inner
+            .metrics
+            .prometheus_text(&self.inner.transport_counters())
+    }
+
+    /// Where the metrics endpoint listens (`MC_METRICS_PORT`; port 0 picks a free one).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self._metrics_server.as_ref().map(MetricsServer::addr)
     }
 
     /// The session id peers use as `target_hostname`: `host:rpc_port`.
@@ -513,11 +565,19 @@ impl Inner {
         let desc = self.store.fetch(id)?;
         let seg = Arc::new(Segment {
             desc: RwLock::new(Arc::new(desc)),
+            peer_metrics: self.metrics.peer(id.name()),
         });
         self.segments
             .write()
             .insert(id.name().to_string(), seg.clone());
         Ok((seg, true))
+    }
+
+    fn transport_counters(&self) -> Vec<(&'static str, TransportCounters)> {
+        self.transports
+            .iter()
+            .map(|t| (t.protocol(), t.counters()))
+            .collect()
     }
 
     fn refresh_segment(&self, id: &SegmentId, seg: &Segment) -> Result<(), EngineError> {
@@ -643,6 +703,20 @@ impl Inner {
         let bytes: u64 = requests.iter().map(|r| r.len).sum();
         let budget = self.config.transfer_timeout + Duration::from_nanos(bytes);
         let batch = BatchState::new(&counts, budget);
+        let infos = requests
+            .iter()
+            .zip(&plan)
+            .map(|(r, p)| RequestInfo {
+                transport: u8::try_from(p.2).unwrap_or(u8::MAX),
+                read: r.op == OpCode::Read,
+                len: r.len,
+            })
+            .collect();
+        batch.set_recorder(self.metrics.recorder(
+            seg.peer_metrics.clone(),
+            transports.iter().map(|t| t.protocol()),
+            infos,
+        ));
         for &i in &unknown {
             let r = &requests[i];
             batch.task_failed(

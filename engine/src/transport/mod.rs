@@ -335,6 +335,12 @@ pub trait Transport: Send + Sync {
     /// Drops per-peer state (connections, threads) that went idle or whose peer is gone.
     fn evict_idle(&self) {}
 
+    /// What this transport counts about its connections (connects, reconnects, re-sent
+    /// slices); zeros for a transport that counts none.
+    fn counters(&self) -> crate::metrics::TransportCounters {
+        crate::metrics::TransportCounters::default()
+    }
+
     /// A region was registered: prepare what peers need to reach it (memory keys, IPC
     /// handles). An error fails the registration, which is then undone.
     fn on_register(&self, _region: &Arc<Region>) -> Result<(), TransportError> {

@@ -31,6 +31,25 @@ use crate::wire::tcp::{OpCode, RequestHeader, Status, STATUS_LEN};
 /// How long a failed connect keeps failing new slices without retrying.
 const DEAD_PEER_HOLD: Duration = Duration::from_millis(500);
 
+/// Connection counters of every link of one TCP transport (relaxed: only read for metrics).
+#[derive(Debug, Default)]
+pub struct LinkCounters {
+    connects: AtomicU64,
+    reconnects: AtomicU64,
+    retries: AtomicU64,
+}
+
+impl LinkCounters {
+    /// The counters now.
+    pub fn snapshot(&self) -> crate::metrics::TransportCounters {
+        crate::metrics::TransportCounters {
+            connects: self.connects.load(Ordering::Relaxed),
+            reconnects: self.reconnects.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+        }
+    }
+}
+
 enum LaneMsg {
     Work(Slice),
     Stop,
@@ -59,11 +78,18 @@ struct LinkShared {
     created: Instant,
     /// Milliseconds after `created` of the last `send`.
     last_used_ms: AtomicU64,
+    counters: Arc<LinkCounters>,
 }
 
 impl PeerLink {
     /// Starts `cfg.tcp_lanes_per_peer` lanes towards `peer`; connections open on first use.
-    pub fn new(peer: SocketAddr, v2: bool, cfg: &Config) -> io::Result<Self> {
+    /// Connects, reconnects and re-sends are counted in `counters`.
+    pub fn new(
+        peer: SocketAddr,
+        v2: bool,
+        cfg: &Config,
+        counters: Arc<LinkCounters>,
+    ) -> io::Result<Self> {
         let (tx, rx) = unbounded();
         let shared = Arc::new(LinkShared {
             peer,
@@ -78,6 +104,7 @@ impl PeerLink {
             busy: AtomicUsize::new(0),
             created: Instant::now(),
             last_used_ms: AtomicU64::new(0),
+            counters,
         });
         let mut threads = Vec::new();
         for i in 0..cfg.tcp_lanes_per_peer {
@@ -195,6 +222,7 @@ impl LinkShared {
         let mut slice = held.release();
         if slice.retries == 0 && !slice.batch.is_canceled() {
             slice.retries += 1;
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
             tracing::debug!("re-sending a slice to {} after: {reason}", self.peer);
             if let Err(e) = self.tx.send(LaneMsg::Work(slice)) {
                 if let LaneMsg::Work(s) = e.into_inner() {
@@ -216,6 +244,8 @@ impl LinkShared {
 
 fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
     let mut conn: Option<Conn> = None;
+    // This lane's connection broke and has not been replaced yet.
+    let mut broke = false;
     while let Ok(LaneMsg::Work(slice)) = rx.recv() {
         if slice.batch.is_canceled() {
             shared.fail(
@@ -226,6 +256,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
         }
         if conn.as_ref().is_some_and(Conn::is_broken) {
             conn = None;
+            broke = true;
         }
         if conn.is_none() {
             if let Some(why) = shared.recently_dead() {
@@ -235,6 +266,10 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
             match Conn::open(&shared) {
                 Ok(c) => {
                     *shared.dead.lock() = None;
+                    shared.counters.connects.fetch_add(1, Ordering::Relaxed);
+                    if std::mem::take(&mut broke) {
+                        shared.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+                    }
                     conn = Some(c);
                 }
                 Err(e) => {

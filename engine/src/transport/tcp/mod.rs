@@ -23,7 +23,7 @@ use crate::memory::MemoryRegistry;
 use crate::net;
 use crate::wire::descriptor::SegmentDesc;
 use crate::wire::session::{HostPort, SegmentId};
-use client::PeerLink;
+use client::{LinkCounters, PeerLink};
 use server::TcpServer;
 
 /// The protocol name in descriptors.
@@ -37,6 +37,7 @@ pub struct TcpTransport {
     data_port: u16,
     // Dropped before the server (field order): lanes stop, failing queued slices, first.
     links: Mutex<HashMap<(SocketAddr, bool), Arc<PeerLink>>>,
+    counters: Arc<LinkCounters>,
     _server: TcpServer,
 }
 
@@ -69,6 +70,7 @@ impl TcpTransport {
             host: host.to_string(),
             data_port,
             links: Mutex::new(HashMap::new()),
+            counters: Arc::default(),
             _server: server,
         })
     }
@@ -116,18 +118,24 @@ impl TcpTransport {
         if let Some(l) = links.get(&(addr, v2)) {
             return Ok(l.clone());
         }
-        let link = Arc::new(PeerLink::new(addr, v2, &self.config).map_err(|source| {
-            TransportError::Io {
-                what: format!("cannot start connection threads to {addr}"),
-                source,
-            }
-        })?);
+        let link = Arc::new(
+            PeerLink::new(addr, v2, &self.config, self.counters.clone()).map_err(|source| {
+                TransportError::Io {
+                    what: format!("cannot start connection threads to {addr}"),
+                    source,
+                }
+            })?,
+        );
         links.insert((addr, v2), link.clone());
         Ok(link)
     }
 }
 
 impl Transport for TcpTransport {
+    fn counters(&self) -> crate::metrics::TransportCounters {
+        self.counters.snapshot()
+    }
+
     fn protocol(&self) -> &'static str {
         PROTOCOL
     }

@@ -1,0 +1,713 @@
+//! Always-on transfer metrics: per transport and per peer (segment name), bytes read and
+//! written, requests, failures by kind, and latency histograms per transport.
+//!
+//! Recording happens once per finished request and once per finished batch, from the
+//! thread that finishes it, with relaxed atomic adds on entries the batch already holds
+//! (the peer's entry hangs off the engine's cached segment, so a submit adds no lookup).
+//! The histograms are `prometheus-client`'s: one uncontended mutex per observation.
+//! Peers are capped at [`PEER_CAP`] entries; later names share the [`OTHER_PEERS`] entry,
+//! so a stream of distinct segment names cannot grow memory.
+//!
+//! The Prometheus text exposition is `prometheus-client`'s encoder; [`MetricsServer`]
+//! serves it on `MC_METRICS_PORT`, one connection at a time, with short timeouts.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::error::TransferError;
+
+/// Most peers tracked by name; the rest are summed under [`OTHER_PEERS`].
+pub const PEER_CAP: usize = 1024;
+/// The entry of peers beyond [`PEER_CAP`].
+pub const OTHER_PEERS: &str = "other";
+/// Metric name prefix.
+pub const PREFIX: &str = "mooncake_te_";
+
+/// Failure kinds, one per [`TransferError`] variant, in the order of [`failure_kind`].
+pub const FAILURE_KINDS: [&str; 7] = [
+    "peer_unreachable",
+    "peer_lost",
+    "address_rejected",
+    "protocol",
+    "local_not_registered",
+    "timeout",
+    "canceled",
+];
+
+/// The index in [`FAILURE_KINDS`] of `e`'s kind.
+pub fn failure_kind(e: &TransferError) -> usize {
+    match e {
+        TransferError::PeerUnreachable { .. } => 0,
+        TransferError::PeerGone { .. } => 1,
+        TransferError::AddressRejected { .. } => 2,
+        TransferError::Protocol { .. } => 3,
+        TransferError::LocalNotRegistered { .. } => 4,
+        TransferError::Timeout(_) => 5,
+        TransferError::Canceled(_) => 6,
+    }
+}
+
+/// What a transport counts about its own connections (zeros where it counts nothing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransportCounters {
+    /// Connections opened to peers.
+    pub connects: u64,
+    /// Connections opened again after one to the same peer broke.
+    pub reconnects: u64,
+    /// Slices sent again after their connection broke.
+    pub retries: u64,
+}
+
+/// Request counters of one transport or one peer.
+#[derive(Debug, Default)]
+pub struct Counters {
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    requests: AtomicU64,
+    failures: [AtomicU64; FAILURE_KINDS.len()],
+}
+
+/// A copy of [`Counters`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    /// Bytes of completed reads.
+    pub bytes_read: u64,
+    /// Bytes of completed writes.
+    pub bytes_written: u64,
+    /// Requests finished (completed or failed).
+    pub requests: u64,
+    /// Failed requests by kind, in [`FAILURE_KINDS`] order.
+    pub failures: [u64; FAILURE_KINDS.len()],
+}
+
+impl CounterSnapshot {
+    /// `(kind, count)` pairs.
+    pub fn failures_by_kind(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        FAILURE_KINDS
+            .iter()
+            .copied()
+            .zip(self.failures.iter().copied())
+    }
+
+    /// Failed requests of kind `kind` (a [`FAILURE_KINDS`] name; 0 for an unknown one).
+    pub fn failures_of(&self, kind: &str) -> u64 {
+        self.failures_by_kind()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, n)| n)
+    }
+}
+
+impl Counters {
+    fn record(&self, read: bool, len: u64, result: Option<&TransferError>) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Some(e) => {
+                self.failures[failure_kind(e)].fetch_add(1, Ordering::Relaxed);
+            }
+            None if read => {
+                self.bytes_read.fetch_add(len, Ordering::Relaxed);
+            }
+            None => {
+                self.bytes_written.fetch_add(len, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        CounterSnapshot {
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+            failures: std::array::from_fn(|i| self.failures[i].load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// A latency histogram in seconds, with its count and sum kept beside it for snapshots.
+#[derive(Debug)]
+pub struct Latency {
+    histogram: Histogram,
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+/// Count and sum of a [`Latency`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatencySnapshot {
+    /// Observations.
+    pub count: u64,
+    /// Their sum, in seconds.
+    pub sum_seconds: f64,
+}
+
+impl Latency {
+    fn new() -> Self {
+        // 1 µs to ~33 s, doubling.
+        Self {
+            histogram: Histogram::new(exponential_buckets(1e-6, 2.0, 26)),
+            count: AtomicU64::new(0),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, d: Duration) {
+        self.histogram.observe(d.as_secs_f64());
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Count and sum now.
+    pub fn snapshot(&self) -> LatencySnapshot {
+        LatencySnapshot {
+            count: self.count.load(Ordering::Relaxed),
+            sum_seconds: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+}
+
+/// Metrics of one transport.
+#[derive(Debug)]
+pub struct TransportMetrics {
+    protocol: &'static str,
+    counters: Counters,
+    request_latency: Latency,
+    batch_latency: Latency,
+}
+
+impl TransportMetrics {
+    fn new(protocol: &'static str) -> Self {
+        Self {
+            protocol,
+            counters: Counters::default(),
+            request_latency: Latency::new(),
+            batch_latency: Latency::new(),
+        }
+    }
+}
+
+/// One request of a batch as the recorder sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestInfo {
+    /// Index into the recorder's transports.
+    pub transport: u8,
+    /// A read (else a write).
+    pub read: bool,
+    /// Its length.
+    pub len: u64,
+}
+
+/// What a batch records into when its requests finish.
+#[derive(Debug)]
+pub struct Recorder {
+    peer: Arc<Counters>,
+    transports: Vec<Arc<TransportMetrics>>,
+    requests: Box<[RequestInfo]>,
+}
+
+impl Recorder {
+    /// Request `i` finished after `elapsed` with `result` (`Some`: its error).
+    pub fn request_done(&self, i: usize, result: Option<&TransferError>, elapsed: Duration) {
+        let Some(r) = self.requests.get(i) else {
+            return;
+        };
+        self.peer.record(r.read, r.len, result);
+        if let Some(t) = self.transports.get(usize::from(r.transport)) {
+            t.counters.record(r.read, r.len, result);
+            t.request_latency.observe(elapsed);
+        }
+    }
+
+    /// The whole batch finished after `elapsed` (counted on the peer's own transport).
+    pub fn batch_done(&self, elapsed: Duration) {
+        if let Some(t) = self.transports.first() {
+            t.batch_latency.observe(elapsed);
+        }
+    }
+}
+
+/// The engine's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    transports: Vec<Arc<TransportMetrics>>,
+    peers: RwLock<HashMap<String, Arc<Counters>>>,
+    other: Arc<Counters>,
+    peer_cap: usize,
+}
+
+/// A copy of the metrics of one transport.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TransportSnapshot {
+    /// Its protocol.
+    pub protocol: &'static str,
+    /// Requests it moved.
+    pub counters: CounterSnapshot,
+    /// What it counts about its connections.
+    pub connections: TransportCounters,
+    /// Request completion latency.
+    pub request_latency: LatencySnapshot,
+    /// Batch completion latency.
+    pub batch_latency: LatencySnapshot,
+}
+
+/// A copy of the engine's metrics ([`TransferEngine::metrics`](crate::engine::TransferEngine::metrics)).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    /// Per transport, in the engine's order of preference.
+    pub transports: Vec<TransportSnapshot>,
+    /// Per peer segment name, sorted; [`OTHER_PEERS`] last when any peer was beyond the cap.
+    pub peers: Vec<(String, CounterSnapshot)>,
+    /// The cap on peers tracked by name.
+    pub peer_cap: usize,
+}
+
+impl Metrics {
+    /// Metrics for transports `protocols` (in the engine's order), peers capped at [`PEER_CAP`].
+    pub fn new(protocols: &[&'static str]) -> Self {
+        Self::with_peer_cap(protocols, PEER_CAP)
+    }
+
+    /// [`new`](Self::new) with another peer cap (tests).
+    pub fn with_peer_cap(protocols: &[&'static str], peer_cap: usize) -> Self {
+        Self {
+            transports: protocols
+                .iter()
+                .map(|p| Arc::new(TransportMetrics::new(p)))
+                .collect(),
+            peers: RwLock::new(HashMap::new()),
+            other: Arc::new(Counters::default()),
+            peer_cap,
+        }
+    }
+
+    /// The entry of peer `segment` (the shared [`OTHER_PEERS`] entry beyond the cap).
+    pub fn peer(&self, segment: &str) -> Arc<Counters> {
+        if let Some(c) = self.peers.read().get(segment) {
+            return c.clone();
+        }
+        let mut peers = self.peers.write();
+        if let Some(c) = peers.get(segment) {
+            return c.clone();
+        }
+        if peers.len() >= self.peer_cap {
+            return self.other.clone();
+        }
+        let c = Arc::new(Counters::default());
+        peers.insert(segment.to_string(), c.clone());
+        c
+    }
+
+    /// A recorder for a batch to `peer` whose requests travel over `protocols` (by
+    /// [`RequestInfo::transport`]); a protocol without metrics records nothing.
+    pub fn recorder(
+        &self,
+        peer: Arc<Counters>,
+        protocols: impl Iterator<Item = &'static str>,
+        requests: Box<[RequestInfo]>,
+    ) -> Recorder {
+        let transports = protocols
+            .filter_map(|p| self.transports.iter().find(|t| t.protocol == p).cloned())
+            .collect();
+        Recorder {
+            peer,
+            transports,
+            requests,
+        }
+    }
+
+    /// A copy of the metrics, with the transports' own counters `connections`.
+    pub fn snapshot(&self, connections: &[(&'static str, TransportCounters)]) -> MetricsSnapshot {
+        let transports = self
+            .transports
+            .iter()
+            .map(|t| TransportSnapshot {
+                protocol: t.protocol,
+                counters: t.counters.snapshot(),
+                connections: connections
+                    .iter()
+                    .find(|(p, _)| *p == t.protocol)
+                    .map(|(_, c)| *c)
+                    .unwrap_or_default(),
+                request_latency: t.request_latency.snapshot(),
+                batch_latency: t.batch_latency.snapshot(),
+            })
+            .collect();
+        let mut peers: Vec<(String, CounterSnapshot)> = self
+            .peers
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.snapshot()))
+            .collect();
+        peers.sort_by(|a, b| a.0.cmp(&b.0));
+        let other = self.other.snapshot();
+        if other.requests > 0 {
+            peers.push((OTHER_PEERS.to_string(), other));
+        }
+        MetricsSnapshot {
+            transports,
+            peers,
+            peer_cap: self.peer_cap,
+        }
+    }
+
+    /// The metrics in the Prometheus text format (names in the README).
+    pub fn prometheus_text(&self, connections: &[(&'static str, TransportCounters)]) -> String {
+        let exposition = Exposition {
+            snapshot: self.snapshot(connections),
+            histograms: self
+                .transports
+                .iter()
+                .map(|t| {
+                    (
+                        t.protocol,
+                        t.request_latency.histogram.clone(),
+                        t.batch_latency.histogram.clone(),
+                    )
+                })
+                .collect(),
+        };
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(exposition));
+        let mut out = String::new();
+        // Writing into a String cannot fail; an encoder error would leave it partial.
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+            tracing::warn!("cannot encode the metrics");
+        }
+        out
+    }
+}
+
+/// One scrape's worth of metrics, encoded by `prometheus-client`.
+#[derive(Debug)]
+struct Exposition {
+    snapshot: MetricsSnapshot,
+    histograms: Vec<(&'static str, Histogram, Histogram)>,
+}
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+fn counter_family<'a>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl Iterator<Item = (Labels<'a>, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let name = format!("{PREFIX}{name}");
+    let mut family = encoder.encode_descriptor(&name, help, None, MetricType::Counter)?;
+    for (labels, value) in rows {
+        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let ts = &self.snapshot.transports;
+        type Pick = fn(&CounterSnapshot) -> u64;
+        let per_request: [(&str, &str, Pick); 3] = [
+            ("bytes_read", "Bytes of completed reads", |c| c.bytes_read),
+            ("bytes_written", "Bytes of completed writes", |c| {
+                c.bytes_written
+            }),
+            ("requests", "Requests finished (completed or failed)", |c| {
+                c.requests
+            }),
+        ];
+        for (name, help, pick) in per_request {
+            counter_family(
+                &mut encoder,
+                name,
+                &format!("{help}, per transport"),
+                ts.iter()
+                    .map(|t| (vec![("transport", t.protocol)], pick(&t.counters))),
+            )?;
+            counter_family(
+                &mut encoder,
+                &format!("peer_{name}"),
+                &format!("{help}, per peer segment"),
+                self.snapshot
+                    .peers
+                    .iter()
+                    .map(|(p, c)| (vec![("peer", p.as_str())], pick(c))),
+            )?;
+        }
+        counter_family(
+            &mut encoder,
+            "failures",
+            "Failed requests by kind, per transport",
+            ts.iter().flat_map(|t| {
+                t.counters
+                    .failures_by_kind()
+                    .map(|(k, n)| (vec![("transport", t.protocol), ("kind", k)], n))
+            }),
+        )?;
+        counter_family(
+            &mut encoder,
+            "peer_failures",
+            "Failed requests by kind, per peer segment",
+            self.snapshot.peers.iter().flat_map(|(p, c)| {
+                c.failures_by_kind()
+                    .map(|(k, n)| (vec![("peer", p.as_str()), ("kind", k)], n))
+            }),
+        )?;
+        type PickConn = fn(&TransportCounters) -> u64;
+        let per_conn: [(&str, &str, PickConn); 3] = [
+            ("connects", "Connections opened to peers", |c| c.connects),
+            (
+                "reconnects",
+                "Connections opened again after one broke",
+                |c| c.reconnects,
+            ),
+            (
+                "retries",
+                "Slices sent again after their connection broke",
+                |c| c.retries,
+            ),
+        ];
+        for (name, help, pick) in per_conn {
+            counter_family(
+                &mut encoder,
+                name,
+                &format!("{help}, per transport"),
+                ts.iter()
+                    .map(|t| (vec![("transport", t.protocol)], pick(&t.connections))),
+            )?;
+        }
+        for (name, help, which) in [
+            (
+                "request_latency_seconds",
+                "Request completion latency from submit, per transport",
+                0,
+            ),
+            (
+                "batch_latency_seconds",
+                "Batch completion latency from submit, per transport",
+                1,
+            ),
+        ] {
+            let name = format!("{PREFIX}{name}");
+            let mut family = encoder.encode_descriptor(&name, help, None, MetricType::Histogram)?;
+            for (protocol, request, batch) in &self.histograms {
+                let h = if which == 0 { request } else { batch };
+                h.encode(family.encode_family(&vec![("transport", *protocol)])?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Longest request head read from a scraper.
+const MAX_REQUEST_BYTES: usize = 8192;
+/// How long one scrape may take to send its request or read the reply.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serves `GET /metrics` on one thread, one connection at a time (so its cost is
+/// bounded whatever scrapers do: a slow one holds the endpoint for [`SCRAPE_TIMEOUT`]
+/// at most); stopped and joined when dropped.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for MetricsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl MetricsServer {
+    /// Listens on `addr` and answers scrapes with `render()`.
+    pub fn start(
+        addr: SocketAddr,
+        render: Box<dyn Fn() -> String + Send>,
+    ) -> io::Result<MetricsServer> {
+        let listener = TcpListener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("te-metrics".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if flag.load(Ordering::Acquire) {
+                        break;
+                    }
+                    if let Ok(conn) = conn {
+                        if let Err(e) = answer(conn, &*render) {
+                            tracing::debug!("metrics scrape failed: {e}");
+                        }
+                    }
+                }
+            })?;
+        Ok(MetricsServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the blocked accept.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn answer(mut conn: TcpStream, render: &dyn Fn() -> String) -> io::Result<()> {
+    conn.set_read_timeout(Some(SCRAPE_TIMEOUT))?;
+    conn.set_write_timeout(Some(SCRAPE_TIMEOUT))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        if head.len() >= MAX_REQUEST_BYTES {
+            return reply(
+                &mut conn,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "",
+            );
+        }
+        let n = conn.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    let (method, path) = (parts.next(), parts.next());
+    match (method, path) {
+        (Some(b"GET"), Some(b"/metrics")) => reply(
+            &mut conn,
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            &render(),
+        ),
+        (Some(b"GET"), _) => reply(&mut conn, "404 Not Found", "text/plain", "try /metrics\n"),
+        _ => reply(
+            &mut conn,
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET /metrics\n",
+        ),
+    }
+}
+
+fn reply(conn: &mut TcpStream, status: &str, kind: &str, body: &str) -> io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes())?;
+    conn.write_all(body.as_bytes())?;
+    conn.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test")]
+
+    use super::*;
+
+    #[test]
+    fn peers_beyond_the_cap_share_the_other_entry() {
+        let m = Metrics::with_peer_cap(&["tcp"], 4);
+        for i in 0..100 {
+            let peer = m.peer(&format!("host{i}:1"));
+            let rec = m.recorder(
+                peer,
+                ["tcp"].into_iter(),
+                vec![RequestInfo {
+                    transport: 0,
+                    read: false,
+                    len: 10,
+                }]
+                .into(),
+            );
+            rec.request_done(0, None, Duration::from_micros(5));
+        }
+        let s = m.snapshot(&[]);
+        assert_eq!(s.peers.len(), 5, "4 named + other");
+        assert_eq!(s.peers[4].0, OTHER_PEERS);
+        assert_eq!(s.peers[4].1.requests, 96);
+        assert_eq!(s.peers[4].1.bytes_written, 960);
+        assert_eq!(s.transports[0].counters.requests, 100);
+        assert_eq!(s.transports[0].request_latency.count, 100);
+        assert_eq!(m.peers.read().len(), 4);
+    }
+
+    #[test]
+    fn failures_are_counted_by_kind_and_move_no_bytes() {
+        let m = Metrics::new(&["tcp"]);
+        let rec = m.recorder(
+            m.peer("p:1"),
+            ["tcp"].into_iter(),
+            vec![
+                RequestInfo {
+                    transport: 0,
+                    read: true,
+                    len: 8,
+                };
+                2
+            ]
+            .into(),
+        );
+        rec.request_done(0, None, Duration::ZERO);
+        let e = TransferError::Timeout(Duration::from_secs(1));
+        rec.request_done(1, Some(&e), Duration::ZERO);
+        rec.batch_done(Duration::from_millis(1));
+        let s = m.snapshot(&[(
+            "tcp",
+            TransportCounters {
+                connects: 1,
+                reconnects: 2,
+                retries: 3,
+            },
+        )]);
+        let t = &s.transports[0];
+        assert_eq!(t.counters.bytes_read, 8);
+        assert_eq!(t.counters.failures_of("timeout"), 1);
+        assert_eq!(t.connections.retries, 3);
+        assert_eq!(t.batch_latency.count, 1);
+        let text = m.prometheus_text(&[("tcp", TransportCounters::default())]);
+        assert!(
+            text.contains("mooncake_te_failures_total{transport=\"tcp\",kind=\"timeout\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mooncake_te_peer_bytes_read_total{peer=\"p:1\"} 8"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mooncake_te_batch_latency_seconds_count{transport=\"tcp\"} 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! Transfer metrics after real transfers between two engines on loopback: counters per
+//! transport and per peer, a rejected request counted by kind, latency histograms, and
+//! the Prometheus endpoint scraped over HTTP.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use transfer_engine::{Config, HostBuffer, OpCode, Request, TransferEngine};
+
+const LEN: u64 = 4096;
+
+fn scrape(addr: SocketAddr, request: &str) -> (String, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
+}
+
+/// Sample lines of a text exposition: `name{labels}` -> value.
+fn parse(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse::<f64>().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn transfers_are_counted_and_served_in_prometheus_text() {
+    let initiator = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            metrics_port: Some(0),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let peer = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let remote = HostBuffer::new(LEN as usize);
+    peer.register_memory(remote.addr(), LEN, "cpu:0").unwrap();
+    let local = HostBuffer::new(LEN as usize);
+    local.fill(7);
+    let seg = peer.session_id().to_string();
+    let write = Request::new(OpCode::Write, local.addr(), remote.addr(), LEN);
+    let read = Request::new(OpCode::Read, local.addr(), remote.addr(), LEN / 2);
+    // SAFETY: both buffers outlive the calls.
+    unsafe { initiator.transfer_sync(&seg, &[write, read]) }.unwrap();
+    // Outside every buffer the peer registered.
+    let bad = Request::new(OpCode::Write, local.addr(), remote.addr() + (1 << 40), 16);
+    // SAFETY: as above.
+    assert!(unsafe { initiator.transfer_sync(&seg, &[bad]) }.is_err());
+
+    let m = initiator.metrics();
+    let tcp = m.transports.iter().find(|t| t.protocol == "tcp").unwrap();
+    assert_eq!(tcp.counters.bytes_written, LEN);
+    assert_eq!(tcp.counters.bytes_read, LEN / 2);
+    assert_eq!(tcp.counters.requests, 3);
+    assert_eq!(tcp.counters.failures_of("address_rejected"), 1);
+    assert_eq!(tcp.counters.failures.iter().sum::<u64>(), 1);
+    assert_eq!(tcp.request_latency.count, 3);
+    assert_eq!(tcp.batch_latency.count, 2);
+    assert!(tcp.request_latency.sum_seconds > 0.0);
+    assert!(tcp.connections.connects >= 1, "{:?}", tcp.connections);
+    assert_eq!(m.peers.len(), 1, "{:?}", m.peers);
+    let (name, p) = &m.peers[0];
+    assert_eq!(name, &seg);
+    assert_eq!(
+        (p.bytes_written, p.bytes_read, p.requests),
+        (LEN, LEN / 2, 3)
+    );
+    assert_eq!(p.failures_of("address_rejected"), 1);
+    // The target counts nothing: it initiated nothing.
+    assert!(peer.metrics().peers.is_empty());
+
+    let addr = initiator.metrics_addr().unwrap();
+    let (head, body) = scrape(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let first = parse(&body);
+    for name in [
+        "mooncake_te_bytes_read_total{transport=\"tcp\"}",
+        "mooncake_te_bytes_written_total{transport=\"tcp\"}",
+        "mooncake_te_requests_total{transport=\"tcp\"}",
+        "mooncake_te_failures_total{transport=\"tcp\",kind=\"address_rejected\"}",
+        "mooncake_te_connects_total{transport=\"tcp\"}",
+        "mooncake_te_reconnects_total{transport=\"tcp\"}",
+        "mooncake_te_retries_total{transport=\"tcp\"}",
+        "mooncake_te_request_latency_seconds_count{transport=\"tcp\"}",
+        "mooncake_te_batch_latency_seconds_sum{transport=\"tcp\"}",
+        "mooncake_te_request_latency_seconds_bucket{le=\"+Inf\",transport=\"tcp\"}",
+    ] {
+        assert!(first.contains_key(name), "{name} missing from:\n{body}");
+    }
+    let peer_written = format!("mooncake_te_peer_bytes_written_total{{peer=\"{seg}\"}}");
+    assert_eq!(first[&peer_written], LEN as f64, "{body}");
+    assert_eq!(
+        first["mooncake_te_failures_total{transport=\"tcp\",kind=\"address_rejected\"}"],
+        1.0
+    );
+    assert!(body.contains("# TYPE mooncake_te_request_latency_seconds histogram"));
+
+    // SAFETY: as above.
+    unsafe { initiator.transfer_sync(&seg, &[write]) }.unwrap();
+    let (_, body) = scrape(addr, "GET /metrics HTTP/1.0\r\n\r\n");
+    let second = parse(&body);
+    assert_eq!(second[&peer_written], 2.0 * LEN as f64);
+    assert_eq!(second["mooncake_te_requests_total{transport=\"tcp\"}"], 4.0);
+    assert_eq!(
+        second["mooncake_te_request_latency_seconds_count{transport=\"tcp\"}"],
+        4.0
+    );
+
+    let (head, _) = scrape(addr, "GET /other HTTP/1.1\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    let (head, _) = scrape(addr, "POST /metrics HTTP/1.1\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 405"), "{head}");
+    // A scraper that sends an endless head is answered and dropped, and the endpoint
+    // still serves the next one.
+    {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // The server may answer 431 and close before all of it is sent.
+        let _ =
+            s.write_all(format!("GET /metrics HTTP/1.1\r\nX: {}", "a".repeat(20_000)).as_bytes());
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.is_empty() || out.starts_with("HTTP/1.1 431"), "{out}");
+    }
+    let (head, _) = scrape(addr, "GET /metrics HTTP/1.1\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+}
+
+#[test]
+fn no_endpoint_without_a_metrics_port() {
+    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    assert!(e.metrics_addr().is_none());
+    assert!(e.metrics_text().contains("mooncake_te_requests_total"));
+}
+
+#[test]
+fn a_connection_the_peer_closed_is_counted_as_a_reconnect() {
+    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    // The target closes data connections idle for 1 s.
+    let peer = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            tcp_server_idle_timeout: Duration::from_secs(1),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let remote = HostBuffer::new(LEN as usize);
+    peer.register_memory(remote.addr(), LEN, "cpu:0").unwrap();
+    let local = HostBuffer::new(LEN as usize);
+    let write = Request::new(OpCode::Write, local.addr(), remote.addr(), LEN);
+    let tcp = |e: &TransferEngine| {
+        e.metrics()
+            .transports
+            .into_iter()
+            .find(|t| t.protocol == "tcp")
+            .unwrap()
+            .connections
+    };
+    // SAFETY: both buffers outlive the calls.
+    unsafe { initiator.transfer_sync(peer.session_id(), &[write]) }.unwrap();
+    let before = tcp(&initiator);
+    assert_eq!(before.reconnects, 0, "{before:?}");
+    std::thread::sleep(Duration::from_millis(2500));
+    for _ in 0..initiator.config().tcp_lanes_per_peer * 2 {
+        // SAFETY: as above.
+        unsafe { initiator.transfer_sync(peer.session_id(), &[write]) }.unwrap();
+    }
+    let after = tcp(&initiator);
+    assert!(after.reconnects >= 1, "{after:?}");
+    assert!(after.connects > before.connects, "{after:?}");
+}
