@@ -31,6 +31,116 @@ use transfer_engine::verbs::{
     RtrAttr, RtsAttr, SendWr, Verbs, VerbsError, WcOpcode, WcStatus, WrOp,
 };
 
+/// One-SGE posts spelled out per field, so the tests read like the verbs they drive.
+trait PostOne {
+    /// # Safety
+    /// As [`Qp::post`].
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one argument per ibv_send_wr field"
+    )]
+    unsafe fn post_one(
+        &self,
+        op: WrOp,
+        wr_id: u64,
+        local_addr: u64,
+        len: u32,
+        lkey: u32,
+        remote_addr: u64,
+        rkey: u32,
+        signaled: bool,
+    ) -> Result<(), VerbsError>;
+
+    /// # Safety
+    /// As [`Qp::post`].
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one argument per ibv_send_wr field"
+    )]
+    unsafe fn post_write(
+        &self,
+        wr_id: u64,
+        local_addr: u64,
+        len: u32,
+        lkey: u32,
+        remote_addr: u64,
+        rkey: u32,
+        signaled: bool,
+    ) -> Result<(), VerbsError> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.post_one(
+                WrOp::Write,
+                wr_id,
+                local_addr,
+                len,
+                lkey,
+                remote_addr,
+                rkey,
+                signaled,
+            )
+        }
+    }
+
+    /// # Safety
+    /// As [`Qp::post`].
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one argument per ibv_send_wr field"
+    )]
+    unsafe fn post_read(
+        &self,
+        wr_id: u64,
+        local_addr: u64,
+        len: u32,
+        lkey: u32,
+        remote_addr: u64,
+        rkey: u32,
+        signaled: bool,
+    ) -> Result<(), VerbsError> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.post_one(
+                WrOp::Read,
+                wr_id,
+                local_addr,
+                len,
+                lkey,
+                remote_addr,
+                rkey,
+                signaled,
+            )
+        }
+    }
+}
+
+impl PostOne for Qp {
+    unsafe fn post_one(
+        &self,
+        op: WrOp,
+        wr_id: u64,
+        local_addr: u64,
+        len: u32,
+        lkey: u32,
+        remote_addr: u64,
+        rkey: u32,
+        signaled: bool,
+    ) -> Result<(), VerbsError> {
+        let wr = SendWr {
+            wr_id,
+            op,
+            local_addr,
+            len,
+            lkey,
+            remote_addr,
+            rkey,
+            signaled,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.post(&wr) }
+    }
+}
+
 const ROLE: &str = "VERBS_SOFT_NIC_ROLE";
 const HCAS: [&str; 2] = ["soft_0", "soft_1"];
 /// The target's buffer: large enough for many slices, with an odd tail.

@@ -350,78 +350,13 @@ impl Qp {
         self.modify("ibv_modify_qp(RESET)", &mut a, ffi::IBV_QP_STATE)
     }
 
-    /// Posts one RDMA WRITE of `len` bytes from `local_addr` to `remote_addr`.
-    ///
-    /// # Safety
-    /// `local_addr..+len` must lie in a region registered on this QP's PD
-    /// under `lkey`, and stay valid and unmodified until the work request's
-    /// completion is polled (or the QP is flushed and destroyed).
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one argument per ibv_send_wr field"
-    )]
-    pub unsafe fn post_write(
-        &self,
-        wr_id: u64,
-        local_addr: u64,
-        len: u32,
-        lkey: u32,
-        remote_addr: u64,
-        rkey: u32,
-        signaled: bool,
-    ) -> Result<(), VerbsError> {
-        let wr = SendWr {
-            wr_id,
-            op: WrOp::Write,
-            local_addr,
-            len,
-            lkey,
-            remote_addr,
-            rkey,
-            signaled,
-        };
-        // SAFETY: forwarded from the caller.
-        unsafe { self.post(&wr) }
-    }
-
-    /// Posts one RDMA READ of `len` bytes from `remote_addr` into `local_addr`.
-    ///
-    /// # Safety
-    /// `local_addr..+len` must lie in a region registered on this QP's PD
-    /// under `lkey` with local write access, and stay valid and otherwise
-    /// untouched until the work request's completion is polled.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one argument per ibv_send_wr field"
-    )]
-    pub unsafe fn post_read(
-        &self,
-        wr_id: u64,
-        local_addr: u64,
-        len: u32,
-        lkey: u32,
-        remote_addr: u64,
-        rkey: u32,
-        signaled: bool,
-    ) -> Result<(), VerbsError> {
-        let wr = SendWr {
-            wr_id,
-            op: WrOp::Read,
-            local_addr,
-            len,
-            lkey,
-            remote_addr,
-            rkey,
-            signaled,
-        };
-        // SAFETY: forwarded from the caller.
-        unsafe { self.post(&wr) }
-    }
-
     /// Posts one work request.
     ///
     /// # Safety
-    /// As [`post_write`](Self::post_write) / [`post_read`](Self::post_read) for `wr`.
+    /// `wr.local_addr..+wr.len` must lie in a region registered on this QP's PD under
+    /// `wr.lkey` (with local write access for a READ), and stay valid and otherwise
+    /// untouched until the work request's completion is polled (or the QP is flushed
+    /// and destroyed).
     pub unsafe fn post(&self, wr: &SendWr) -> Result<(), VerbsError> {
         // SAFETY: forwarded from the caller.
         unsafe { self.post_batch(std::slice::from_ref(wr)) }.map_err(|e| e.error)
@@ -431,7 +366,7 @@ impl Qp {
     /// `post_send` call, so one doorbell serves many).
     ///
     /// # Safety
-    /// As [`post_write`](Self::post_write) / [`post_read`](Self::post_read) for every entry.
+    /// As [`post`](Self::post) for every entry.
     pub unsafe fn post_batch(&self, wrs: &[SendWr]) -> Result<(), BatchPostError> {
         let mut posted = 0;
         for chunk in wrs.chunks(POST_CHUNK) {
