@@ -113,7 +113,7 @@ pub fn device_bytes(ptr: u64, len: usize) -> Vec<u8> {
 }
 
 pub fn engine() -> TransferEngine {
-    TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap()
+    TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::from_env().unwrap()).unwrap()
 }
 
 /// The loaded runtime is the fake of `vendor`, and locations are detected.

@@ -163,7 +163,7 @@ pub fn peer_main() {
     // The parent set MC_GPU_RUNTIME and the fake's path; building it again here would
     // rewrite a library the parent has mapped.
     let rt = device::runtime().unwrap();
-    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::from_env().unwrap()).unwrap();
     rt.set_device(0).unwrap();
     // One allocation holding two regions (a caching allocator's block), and another.
     let big = rt.malloc((OFFSET + 2 * LEN + 8192) as usize).unwrap();
@@ -317,7 +317,7 @@ pub fn engine_with(env: &[(&str, &str)]) -> TransferEngine {
         // SAFETY (edition 2021: set_var is safe): engines start under ENV only.
         std::env::set_var(k, v);
     }
-    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::from_env().unwrap()).unwrap();
     for (k, _) in env {
         std::env::remove_var(k);
     }

@@ -64,6 +64,21 @@ struct PeerMaps {
     busy: HashSet<String>,
 }
 
+impl PeerMaps {
+    /// Nothing mapped yet for `peer` (its descriptor at address `at`).
+    fn new(peer: &SegmentDesc, at: usize) -> Self {
+        Self {
+            seen: (at, peer.timestamp.clone()),
+            pid: peer.pid,
+            pid_ns: peer.pid_ns.clone(),
+            host_id: peer.host_id.clone(),
+            maps: HashMap::new(),
+            revoked: HashMap::new(),
+            busy: HashSet::new(),
+        }
+    }
+}
+
 /// What the cache says about one handle.
 enum Cache {
     Hit(Opened),
@@ -89,6 +104,10 @@ const REVOKED_FOR: Duration = Duration::from_secs(60);
 /// such a descriptor may still list the unregistered memory. Timestamps of one host's
 /// clock in one fixed-width format compare as text.
 fn revoked_check(entry: &PeerMaps, peer: &SegmentDesc, shm: &str) -> Result<(), String> {
+    if entry.revoked.is_empty() {
+        // The common case, without the upper-casing below (it allocates, per slice).
+        return Ok(());
+    }
     match entry.revoked.get(&shm.to_ascii_uppercase()) {
         Some((at, told))
             if told.elapsed() < REVOKED_FOR && peer.timestamp.as_str() <= at.as_str() =>
@@ -195,15 +214,12 @@ impl Imports {
     fn cached(&self, peer: &SegmentDesc, shm: &str) -> Result<Cache, String> {
         let mut peers = self.peers.lock();
         let at = peer as *const SegmentDesc as usize;
-        let entry = peers.entry(peer.name.clone()).or_insert_with(|| PeerMaps {
-            seen: (at, peer.timestamp.clone()),
-            pid: peer.pid,
-            pid_ns: peer.pid_ns.clone(),
-            host_id: peer.host_id.clone(),
-            maps: HashMap::new(),
-            revoked: HashMap::new(),
-            busy: HashSet::new(),
-        });
+        if !peers.contains_key(peer.name.as_str()) {
+            peers.insert(peer.name.clone(), PeerMaps::new(peer, at));
+        }
+        let Some(entry) = peers.get_mut(peer.name.as_str()) else {
+            return Err("internal: the peer's entry vanished".into());
+        };
         if entry.seen.0 != at || entry.seen.1 != peer.timestamp {
             // A new descriptor: close what it no longer lists; a restarted peer (new
             // process) shares nothing with the old one.

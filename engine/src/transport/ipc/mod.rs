@@ -108,8 +108,7 @@ impl IpcTransport {
                 rt.path()
             ));
         }
-        let env = |k: &str| std::env::var(k).ok();
-        let settings = IpcSettings::from_env(rt.vendor(), &env)?;
+        let settings = IpcSettings::new(rt.vendor(), config);
         let ipc = Arc::new(
             IpcRuntime::load(rt.clone())
                 .map_err(|e| format!("{} has no IPC calls: {e}", rt.path()))?,
