@@ -228,6 +228,18 @@ fn control_words(n: usize) -> usize {
     (bytes as usize).div_ceil(8)
 }
 
+/// A message of one data byte (`iov`) and the control buffer `control`; both must
+/// outlive its use.
+fn message(iov: &mut libc::iovec, control: &mut [u64]) -> libc::msghdr {
+    // SAFETY: an all-zero msghdr is valid; the fields set below point at the buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(control) as _;
+    msg
+}
+
 fn send_fds(stream: &UnixStream, fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
     let mut control = vec![0u64; control_words(fds.len())];
     let mut byte = [0u8; 1];
@@ -235,12 +247,7 @@ fn send_fds(stream: &UnixStream, fds: &[BorrowedFd<'_>]) -> std::io::Result<()> 
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    // SAFETY: an all-zero msghdr is valid; the fields set below point at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = (control.len() * 8) as _;
+    let msg = message(&mut iov, &mut control);
     // SAFETY: `msg` has a control buffer with room for one header and `fds.len()` ints
     // (`control_words`); the header and its data are written inside it.
     unsafe {
@@ -275,12 +282,7 @@ fn recv_fds(stream: &UnixStream, max: usize, out: &mut Vec<OwnedFd>) -> std::io:
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    // SAFETY: an all-zero msghdr is valid; the fields set below point at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = (control.len() * 8) as _;
+    let mut msg = message(&mut iov, &mut control);
     // SAFETY: `msg` points at live buffers of the sizes given.
     let rc = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if rc < 0 {
