@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use libloading::Library;
 
-use super::vmm::VmmApi;
+use super::vmm::{sym, VmmApi};
 use super::{DeviceError, Runtime, Vendor};
 
 /// Bytes of `cudaIpcMemHandle_t` / `musaIpcMemHandle_t` (`CUDA_IPC_HANDLE_SIZE`).
@@ -114,14 +114,6 @@ impl IpcRuntime {
         let lib = unsafe { Library::new(rt.path()) }
             .map_err(|e| format!("cannot reopen {}: {e}", rt.path()))?;
         let prefix = rt.vendor().prefix();
-        fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
-            // SAFETY: each symbol is given the signature the vendor documents.
-            unsafe {
-                lib.get::<T>(name.as_bytes())
-                    .map(|s| *s)
-                    .map_err(|_| format!("symbol {name} is missing"))
-            }
-        }
         let api = IpcApi {
             get_device: sym(&lib, &format!("{prefix}GetDevice"))?,
             get_mem_handle: sym(&lib, &format!("{prefix}IpcGetMemHandle"))?,

@@ -54,6 +54,17 @@ pub(crate) struct VmmApi {
     prefix: &'static str,
 }
 
+/// The function `name` of `lib`, typed `T` (a function pointer of the signature the vendor
+/// documents for it); the error names the missing symbol.
+pub(crate) fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
+    // SAFETY: callers give each symbol the signature the vendor documents.
+    unsafe {
+        lib.get::<T>(name.as_bytes())
+            .map(|s| *s)
+            .map_err(|_| format!("symbol {name} is missing"))
+    }
+}
+
 /// A failed driver call: its name and code.
 fn check(prefix: &str, call: &str, rc: Status) -> Result<(), String> {
     if rc == 0 {
@@ -71,14 +82,6 @@ impl VmmApi {
             Vendor::Cuda => "cu",
             Vendor::Musa => "mu",
         };
-        fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
-            // SAFETY: each symbol is given the signature the vendor documents.
-            unsafe {
-                lib.get::<T>(name.as_bytes())
-                    .map(|s| *s)
-                    .map_err(|_| format!("symbol {name} is missing"))
-            }
-        }
         let name = |call: &str| format!("{prefix}{call}");
         Ok(Self {
             retain: sym(lib, &name("MemRetainAllocationHandle"))?,
