@@ -4,7 +4,9 @@
 Two engine processes: a target on cuda:0 and this initiator on cuda:1, protocol "tcp"
 (the engine takes device-to-device requests to a same-host peer over IPC on its own).
 Checks bytes both ways for registered and unregistered tensors, tensors from PyTorch's
-caching allocator (offsets inside a larger allocation, read from the descriptor), a target
+caching allocator (offsets inside a larger allocation, read from the descriptor), the same
+with the target's tensors from expandable segments (`PYTORCH_CUDA_ALLOC_CONF=
+expandable_segments:True`: the virtual-memory API, shared as POSIX descriptors), a target
 killed mid-batch; then measures our IPC path, our TCP path (MC_DISABLE_IPC=1) and a raw
 `tensor.copy_` loop between the same GPUs for 64 KiB, 1 MiB and 64 MiB blocks.
 
@@ -93,11 +95,15 @@ def target(args):
             break
 
 
+EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
 class Target:
-    def __init__(self, device, size, bench=BENCH):
+    def __init__(self, device, size, bench=BENCH, env=None):
         self.p = subprocess.Popen([sys.executable, __file__, "target", "--device", str(device),
                                    "--size", str(size), "--bench", str(bench)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, **(env or {})})
         self.info = json.loads(self.p.stdout.readline())
         self.session = self.info["session"]
 
@@ -127,30 +133,45 @@ class Target:
 
 # --- checks ------------------------------------------------------------------------------
 
-def verify(e, size):
-    tgt = Target(0, size)
+def verify(e, size, vmm=False):
+    """Every check; `vmm`: the target's tensors come from expandable segments."""
+    tgt = Target(0, size, env=EXPANDABLE if vmm else None)
     seg = tgt.session
     desc = fetch_descriptor(seg)
     bufs = {b["addr"]: b for b in desc["buffers"]}
     plain = bufs[tgt.addr("plain")]
-    check(len(plain.get("shm_name", "")) == 128 and plain["name"] == "cuda:0",
-          f"descriptor: shm_name (128 hex chars) and location {plain['name']} on device buffers")
+    if vmm:
+        print("--- the same, target tensors from expandable segments (virtual-memory API)", flush=True)
+        check(len(plain.get("ipc_vmm", "")) == 128 and "shm_name" not in plain
+              and plain["name"] == "cuda:0" and desc.get("ipc_fd_socket", "").startswith("@"),
+              f"descriptor: ipc_vmm key, no shm_name, location {plain['name']}, ipc_fd_socket {desc.get('ipc_fd_socket')}")
+    else:
+        check(len(plain.get("shm_name", "")) == 128 and plain["name"] == "cuda:0",
+              f"descriptor: shm_name (128 hex chars) and location {plain['name']} on device buffers")
     check("host_id" in desc, f"descriptor carries host_id {desc.get('host_id')}")
     view = bufs[tgt.addr("view")]
     check((view.get("shm_offset") or 0) >= MiB + 123,
           f"a view inside a 64 MiB tensor advertises its offset ({view.get('shm_offset')})")
     smalls = [bufs[tgt.addr(f"small{k}")] for k in range(4)]
     print("small tensors: offsets", [s.get("shm_offset") for s in smalls],
-          "distinct handles", len({s["shm_name"] for s in smalls}), flush=True)
+          "distinct handles", len({s.get("shm_name") or s.get("ipc_vmm") for s in smalls}), flush=True)
     check(any(s.get("shm_offset", 0) > 0 for s in smalls),
           "caching-allocator tensors lie at offsets inside a shared allocation")
 
     torch.cuda.set_device(1)
     local = torch.zeros(size, dtype=torch.uint8, device="cuda:1")
     check(e.register_memory(local.data_ptr(), size, "*") == 0, "register a cuda:1 tensor")
+    t0 = time.perf_counter()
     rc = e.transfer_sync_read(seg, local.data_ptr(), tgt.addr("plain"), size)
     torch.cuda.synchronize()
-    check(rc == 0 and torch.equal(local, pattern(size, 3, "cuda:1")), "cuda:1 <- cuda:0 read, bytes verified")
+    took = time.perf_counter() - t0
+    check(rc == 0 and torch.equal(local, pattern(size, 3, "cuda:1")),
+          f"cuda:1 <- cuda:0 read, bytes verified ({size / took / 1e9:.1f} GB/s with the first open)")
+    t0 = time.perf_counter()
+    rc = e.transfer_sync_read(seg, local.data_ptr(), tgt.addr("plain"), size)
+    took = time.perf_counter() - t0
+    check(rc == 0 and size / took > 30e9,
+          f"the second read runs at IPC speed, not TCP's ({size / took / 1e9:.1f} GB/s)")
     local.copy_(pattern(size, 9, "cuda:1"))
     torch.cuda.synchronize()
     blk = 4 * MiB
@@ -274,6 +295,19 @@ def bench_engine(e, tgt, block, duration, scatter=False):
             rc = call(tgt.session, locs, rems, [block] * n)
             assert rc == 0, TransferEngine.last_error()
         out[op] = measure(go, BENCH, duration)
+    # Where a batch's time goes: the submit (Python to the engine's copy queues) against
+    # the whole batch, median of 5 writes.
+    subs, alls = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        bid = e.batch_transfer_async_write(tgt.session, locs, rems, [block] * n)
+        t1 = time.perf_counter()
+        assert e.get_batch_transfer_status([bid]) == 0
+        t2 = time.perf_counter()
+        subs.append(t1 - t0)
+        alls.append(t2 - t0)
+    out["submit_ms"] = round(sorted(subs)[2] * 1e3, 3)
+    out["batch_ms"] = round(sorted(alls)[2] * 1e3, 3)
     # The target holds our blocks where the requests put them, and the last read brought
     # them back in order.
     torch.cuda.synchronize()
@@ -382,10 +416,14 @@ def main(args):
     print("peer access 1->0:", torch.cuda.can_device_access_peer(1, 0), flush=True)
     e = new_engine()
     verify(e, args.size)
+    verify(e, args.size, vmm=True)
     killed_mid_batch(e)
     del e
     results = []
-    paths = [("ipc", {}), ("ipc-scatter", {}), ("tcp", {"MC_DISABLE_IPC": "1"})]
+    paths = [("ipc", {}), ("ipc-scatter", {}), ("tcp", {"MC_DISABLE_IPC": "1"}),
+             ("ipc-exp", EXPANDABLE), ("ipc-exp-scatter", EXPANDABLE)]
+    if args.threads:
+        paths += [(f"ipc-{t}t-scatter", {"MC_IPC_COPY_THREADS": str(t)}) for t in (1, 2, 8)]
     if args.sweep:
         paths += [(f"ipc-{mb}M-{t}t", {"MC_IPC_SLICE_SIZE": str(mb * MiB), "MC_IPC_COPY_THREADS": str(t)})
                   for mb, t in ((64, 4), (64, 1), (16, 2), (1024, 4))]
@@ -433,5 +471,6 @@ if __name__ == "__main__":
     ap.add_argument("--duration", type=float, default=1.5)
     ap.add_argument("--sweep", action="store_true", help="also IPC with other slice sizes / copy threads")
     ap.add_argument("--scatter", action="store_true", help="bench: remote blocks in shuffled order")
+    ap.add_argument("--threads", action="store_true", help="also shuffled blocks with 1, 2 and 8 copy threads")
     a = ap.parse_args()
     {"main": main, "target": target, "bench": bench}[a.role](a)

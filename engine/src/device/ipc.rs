@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use libloading::Library;
 
+use super::vmm::{sym, VmmApi};
 use super::{DeviceError, Runtime, Vendor};
 
 /// Bytes of `cudaIpcMemHandle_t` / `musaIpcMemHandle_t` (`CUDA_IPC_HANDLE_SIZE`).
@@ -77,6 +78,8 @@ pub struct IpcRuntime {
     rt: Arc<Runtime>,
     api: IpcApi,
     range: Option<(AddressRange, String)>,
+    /// The virtual-memory calls, or why they are missing.
+    vmm: Result<VmmApi, String>,
     _lib: Library,
     _driver: Option<Library>,
 }
@@ -111,14 +114,6 @@ impl IpcRuntime {
         let lib = unsafe { Library::new(rt.path()) }
             .map_err(|e| format!("cannot reopen {}: {e}", rt.path()))?;
         let prefix = rt.vendor().prefix();
-        fn sym<T: Copy>(lib: &Library, name: &str) -> Result<T, String> {
-            // SAFETY: each symbol is given the signature the vendor documents.
-            unsafe {
-                lib.get::<T>(name.as_bytes())
-                    .map(|s| *s)
-                    .map_err(|_| format!("symbol {name} is missing"))
-            }
-        }
         let api = IpcApi {
             get_device: sym(&lib, &format!("{prefix}GetDevice"))?,
             get_mem_handle: sym(&lib, &format!("{prefix}IpcGetMemHandle"))?,
@@ -150,10 +145,15 @@ impl IpcRuntime {
                 range = Some((f, rt.path().to_string()));
             }
         }
+        let vmm = match &driver {
+            Some(d) => VmmApi::resolve(d, rt.vendor()),
+            None => VmmApi::resolve(&lib, rt.vendor()),
+        };
         Ok(Self {
             rt,
             api,
             range,
+            vmm,
             _lib: lib,
             _driver: driver,
         })
@@ -216,6 +216,45 @@ impl IpcRuntime {
             ));
         }
         Ok((base, size as u64))
+    }
+
+    /// The physical allocations of the virtual-memory API mapped under `[addr, addr+len)`,
+    /// as (base, size), back to back from the one holding `addr`; at most `max` of them.
+    pub fn vmm_chunks(&self, addr: u64, len: u64, max: usize) -> Result<Vec<(u64, u64)>, String> {
+        let end = addr.checked_add(len).ok_or("the range wraps around")?;
+        let mut chunks: Vec<(u64, u64)> = Vec::new();
+        let mut at = addr;
+        while at < end {
+            if chunks.len() == max {
+                return Err(format!(
+                    "the region spans more than {max} allocations; register it in pieces"
+                ));
+            }
+            let (base, size) = self.allocation_range(at)?;
+            let next = base
+                .checked_add(size)
+                .ok_or("the driver's range wraps around")?;
+            if let Some(&(b, s)) = chunks.last() {
+                if b + s != base {
+                    return Err(format!(
+                        "the allocations under the region are not back to back ({b:#x}+{s}, then {base:#x})"
+                    ));
+                }
+            }
+            if base > at || next <= at {
+                return Err(format!(
+                    "the driver places {at:#x} in {base:#x}+{size}, which does not hold it"
+                ));
+            }
+            chunks.push((base, size));
+            at = next;
+        }
+        Ok(chunks)
+    }
+
+    /// The virtual-memory calls, or why this runtime's driver lacks them.
+    pub(crate) fn vmm(&self) -> Result<&VmmApi, String> {
+        self.vmm.as_ref().map_err(Clone::clone)
     }
 
     /// The IPC handle of the allocation holding `ptr`.

@@ -13,6 +13,7 @@ pub mod ipc;
 pub mod loader;
 pub mod staging;
 pub mod staging_pool;
+pub(crate) mod vmm;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::{Arc, OnceLock};

@@ -495,6 +495,7 @@ impl Inner {
             pid: None,
             pid_ns: None,
             ipc_control: None,
+            ipc_fd_socket: None,
             devices: Vec::new(),
             priority_matrix: Default::default(),
         };

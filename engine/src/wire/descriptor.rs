@@ -54,6 +54,11 @@ pub struct SegmentDesc {
     /// whose peers are then never told (see docs/gpu.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipc_control: Option<String>,
+    /// Where this engine hands the allocations of its `ipc_vmm` buffers to same-host
+    /// peers of its user (`@` and an abstract unix socket name; see
+    /// `transport/ipc/fd_share.rs`). Ours; upstream neither sends nor reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc_fd_socket: Option<String>,
     /// RDMA devices (HCAs), in the order of each buffer's `rkey`/`lkey` arrays.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceDesc>,
@@ -102,6 +107,11 @@ pub struct BufferDesc {
     /// and sends nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shm_offset: Option<u64>,
+    /// Ours, instead of `shm_name` for memory of the virtual-memory API (which has no
+    /// legacy IPC handle): the key (128 hex digits) to ask `ipc_fd_socket` for. Upstream
+    /// peers skip buffers without `shm_name` on their IPC transports and use TCP/RDMA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipc_vmm: Option<String>,
 }
 
 impl BufferDesc {

@@ -15,6 +15,14 @@
  * and the driver's MemGetAddressRange (exported here under the CUDA and MUSA
  * driver names) gives its base and size; MemGetHandleForAddressRange exports an
  * allocation as a "dma-buf" (a dup of its memfd).
+ *
+ * Virtual-memory API (PyTorch's expandable segments): fake_gpu_vmm_malloc maps
+ * several memfd "physical allocations" back to back in one reserved range;
+ * IpcGetMemHandle refuses them, as CUDA does. MemRetainAllocationHandle /
+ * MemExportToShareableHandle give a dup of the chunk's memfd (handle type 1, a POSIX
+ * descriptor); MemImportFromShareableHandle / MemAddressReserve / MemMap /
+ * MemSetAccess / MemUnmap / MemAddressFree / MemRelease map it in another process.
+ * Exports, maps and unmaps are counted (fake_gpu_vmm_stats).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -30,8 +38,11 @@
 #define CAT(a, b) CAT2(a, b)
 #define API(name) CAT(PREFIX, name)
 
-typedef struct { uintptr_t base; size_t len; int device; int fd; int imported; } region_t;
-static region_t regions[256];
+/* imported: 0 own allocation, 1 legacy IPC mapping, 2 virtual-memory mapping;
+ * vmm: an own allocation of the virtual-memory API. */
+typedef struct { uintptr_t base; size_t len; int device; int fd; int imported; int vmm; } region_t;
+#define MAX_REGIONS 1024
+static region_t regions[MAX_REGIONS];
 static int nregions;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int current_device;
@@ -77,8 +88,8 @@ int API(Malloc)(void **p, size_t len) {
     void *m = mmap(0, l, PROT_NONE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) { close(fd); return 2; }
     pthread_mutex_lock(&lock);
-    if (nregions == 256) { pthread_mutex_unlock(&lock); munmap(m, l); close(fd); return 2; }
-    regions[nregions++] = (region_t){(uintptr_t)m, l, current_device, fd, 0};
+    if (nregions == MAX_REGIONS) { pthread_mutex_unlock(&lock); munmap(m, l); close(fd); return 2; }
+    regions[nregions++] = (region_t){(uintptr_t)m, l, current_device, fd, 0, 0};
     pthread_mutex_unlock(&lock);
     *p = m;
     return 0;
@@ -107,7 +118,7 @@ static uint64_t ipc_opens, ipc_closes, ipc_gets;
 int API(IpcGetMemHandle)(ipc_handle_t *h, void *p) {
     pthread_mutex_lock(&lock);
     region_t *r = find((uintptr_t)p);
-    if (!r || r->imported) { pthread_mutex_unlock(&lock); return 1; }
+    if (!r || r->imported || r->vmm) { pthread_mutex_unlock(&lock); return 1; }
     ipc_fields_t f = {IPC_MAGIC, (int32_t)getpid(), r->fd, r->len};
     ipc_gets++;
     pthread_mutex_unlock(&lock);
@@ -129,8 +140,8 @@ int API(IpcOpenMemHandle)(void **p, ipc_handle_t h, unsigned flags) {
     void *m = mmap(0, f.size, PROT_NONE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) { close(fd); return 2; }
     pthread_mutex_lock(&lock);
-    if (nregions == 256) { pthread_mutex_unlock(&lock); munmap(m, f.size); close(fd); return 2; }
-    regions[nregions++] = (region_t){(uintptr_t)m, f.size, current_device, fd, 1};
+    if (nregions == MAX_REGIONS) { pthread_mutex_unlock(&lock); munmap(m, f.size); close(fd); return 2; }
+    regions[nregions++] = (region_t){(uintptr_t)m, f.size, current_device, fd, 1, 0};
     ipc_opens++;
     pthread_mutex_unlock(&lock);
     *p = m;
@@ -203,14 +214,21 @@ int API(PointerGetAttributes)(void *attr, const void *p) {
     return 0;
 }
 
+/* Every region overlapping [a, a+n) gets `prot` (a copy may cross the chunks of a
+ * virtual-memory range). */
+static void protect(uintptr_t a, size_t n, int prot) {
+    for (int i = 0; i < nregions; i++)
+        if (regions[i].base < a + n && a < regions[i].base + regions[i].len)
+            mprotect((void *)regions[i].base, regions[i].len, prot);
+}
+
 static int copy(void *dst, const void *src, size_t n) {
     pthread_mutex_lock(&lock);
-    region_t *d = find((uintptr_t)dst), *s = find((uintptr_t)src);
-    if (d) mprotect((void *)d->base, d->len, PROT_READ | PROT_WRITE);
-    if (s && s != d) mprotect((void *)s->base, s->len, PROT_READ);
+    protect((uintptr_t)src, n, PROT_READ);
+    protect((uintptr_t)dst, n, PROT_READ | PROT_WRITE);
     memcpy(dst, src, n);
-    if (d) mprotect((void *)d->base, d->len, PROT_NONE);
-    if (s && s != d) mprotect((void *)s->base, s->len, PROT_NONE);
+    protect((uintptr_t)dst, n, PROT_NONE);
+    protect((uintptr_t)src, n, PROT_NONE);
     copies++;
     pthread_mutex_unlock(&lock);
     return 0;
@@ -257,4 +275,142 @@ void fake_gpu_stats(uint64_t out[3]) {
     pthread_mutex_unlock(&lock);
     out[1] = __atomic_load_n(&async_copies, __ATOMIC_RELAXED);
     out[2] = __atomic_load_n(&host_allocs, __ATOMIC_RELAXED);
+}
+
+/* ---- virtual-memory API ---- */
+typedef struct { int fd; size_t size; } vmm_handle_t;
+static uint64_t vmm_exports, vmm_maps, vmm_unmaps;
+
+/* Test hook: `n` chunks of `chunk` bytes (page multiple), each its own memfd, mapped back
+ * to back on the current device; *p is the first byte. */
+int fake_gpu_vmm_malloc(void **p, size_t chunk, int n) {
+    chunk = (chunk + 4095) & ~(size_t)4095;
+    char *base = mmap(0, chunk * (size_t)n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return 2;
+    for (int i = 0; i < n; i++) {
+        int fd = memfd_create("fake-gpu-vmm", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, (off_t)chunk) != 0) return 2;
+        if (mmap(base + (size_t)i * chunk, chunk, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) return 2;
+        pthread_mutex_lock(&lock);
+        if (nregions == MAX_REGIONS) { pthread_mutex_unlock(&lock); return 2; }
+        regions[nregions++] = (region_t){(uintptr_t)base + (size_t)i * chunk, chunk, current_device, fd, 0, 1};
+        pthread_mutex_unlock(&lock);
+    }
+    *p = base;
+    return 0;
+}
+
+static int retain(uint64_t *h, void *p) {
+    pthread_mutex_lock(&lock);
+    region_t *r = find((uintptr_t)p);
+    int fd = (r && r->vmm) ? fcntl(r->fd, F_DUPFD_CLOEXEC, 0) : -1;
+    size_t size = r ? r->len : 0;
+    pthread_mutex_unlock(&lock);
+    if (fd < 0) return 1; /* CUDA_ERROR_INVALID_VALUE: not from cuMemCreate */
+    vmm_handle_t *v = malloc(sizeof *v);
+    v->fd = fd;
+    v->size = size;
+    *h = (uint64_t)(uintptr_t)v;
+    return 0;
+}
+static int release(uint64_t h) {
+    vmm_handle_t *v = (vmm_handle_t *)(uintptr_t)h;
+    if (!v) return 1;
+    close(v->fd);
+    free(v);
+    return 0;
+}
+static int export_fd(void *out, uint64_t h, int type, unsigned long long flags) {
+    vmm_handle_t *v = (vmm_handle_t *)(uintptr_t)h;
+    if (!v || type != 1 || flags != 0) return 1;
+    int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return 2;
+    *(int *)out = fd;
+    __atomic_add_fetch(&vmm_exports, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+static int import_fd(uint64_t *h, void *os, int type) {
+    if (type != 1) return 1;
+    int fd = fcntl((int)(intptr_t)os, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return 1;
+    off_t size = lseek(fd, 0, SEEK_END);
+    if (size <= 0) { close(fd); return 1; }
+    vmm_handle_t *v = malloc(sizeof *v);
+    v->fd = fd;
+    v->size = (size_t)size;
+    *h = (uint64_t)(uintptr_t)v;
+    return 0;
+}
+static int reserve(uintptr_t *p, size_t size, size_t align, uintptr_t addr, unsigned long long flags) {
+    (void)align; (void)addr; (void)flags;
+    void *m = mmap(0, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return 2;
+    *p = (uintptr_t)m;
+    return 0;
+}
+static int address_free(uintptr_t p, size_t size) { return munmap((void *)p, size) == 0 ? 0 : 1; }
+static int map(uintptr_t p, size_t size, size_t offset, uint64_t h, unsigned long long flags) {
+    vmm_handle_t *v = (vmm_handle_t *)(uintptr_t)h;
+    if (!v || offset != 0 || flags != 0 || size != v->size) return 1;
+    int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return 2;
+    if (mmap((void *)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) { close(fd); return 2; }
+    pthread_mutex_lock(&lock);
+    if (nregions == MAX_REGIONS) { pthread_mutex_unlock(&lock); close(fd); return 2; }
+    regions[nregions++] = (region_t){p, size, current_device, fd, 2, 0};
+    vmm_maps++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+static int unmap(uintptr_t p, size_t size) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < nregions; i++)
+        if (regions[i].base == p && regions[i].imported == 2 && regions[i].len == size) {
+            mmap((void *)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            close(regions[i].fd);
+            regions[i] = regions[--nregions];
+            vmm_unmaps++;
+            pthread_mutex_unlock(&lock);
+            return 0;
+        }
+    pthread_mutex_unlock(&lock);
+    return 1;
+}
+typedef struct { int type; int id; int flags; } access_desc_t;
+static int set_access(uintptr_t p, size_t size, const access_desc_t *d, size_t count) {
+    if (count < 1 || d->type != 1 || d->flags != 3 || d->id < 0 || d->id >= devices()) return 1;
+    /* Every byte must be mapped. */
+    uintptr_t at = p;
+    pthread_mutex_lock(&lock);
+    while (at < p + size) {
+        region_t *r = find(at);
+        if (!r || r->imported != 2) { pthread_mutex_unlock(&lock); return 1; }
+        at = r->base + r->len;
+    }
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+#define VMM_API(pre) \
+    int pre##MemRetainAllocationHandle(uint64_t *h, void *p) { return retain(h, p); } \
+    int pre##MemRelease(uint64_t h) { return release(h); } \
+    int pre##MemExportToShareableHandle(void *o, uint64_t h, int t, unsigned long long f) { return export_fd(o, h, t, f); } \
+    int pre##MemImportFromShareableHandle(uint64_t *h, void *os, int t) { return import_fd(h, os, t); } \
+    int pre##MemAddressReserve(uintptr_t *p, size_t s, size_t a, uintptr_t ad, unsigned long long f) { return reserve(p, s, a, ad, f); } \
+    int pre##MemAddressFree(uintptr_t p, size_t s) { return address_free(p, s); } \
+    int pre##MemMap(uintptr_t p, size_t s, size_t o, uint64_t h, unsigned long long f) { return map(p, s, o, h, f); } \
+    int pre##MemUnmap(uintptr_t p, size_t s) { return unmap(p, s); } \
+    int pre##MemSetAccess(uintptr_t p, size_t s, const access_desc_t *d, size_t c) { return set_access(p, s, d, c); }
+VMM_API(cu)
+VMM_API(mu)
+
+/* Test hook: chunks exported, mapped, unmapped; virtual-memory mappings alive now. */
+void fake_gpu_vmm_stats(uint64_t out[4]) {
+    pthread_mutex_lock(&lock);
+    out[0] = __atomic_load_n(&vmm_exports, __ATOMIC_RELAXED);
+    out[1] = vmm_maps;
+    out[2] = vmm_unmaps;
+    uint64_t live = 0;
+    for (int i = 0; i < nregions; i++) live += regions[i].imported == 2;
+    out[3] = live;
+    pthread_mutex_unlock(&lock);
 }

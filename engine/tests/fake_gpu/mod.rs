@@ -66,6 +66,27 @@ pub fn pinned() -> [u64; 2] {
     hook(b"fake_gpu_pinned")
 }
 
+/// (chunks exported, mapped, unmapped, virtual-memory mappings alive) counted by the fake.
+pub fn vmm_stats() -> [u64; 4] {
+    hook(b"fake_gpu_vmm_stats")
+}
+
+/// Memory of the (fake) virtual-memory API on `device`: `n` allocations of `chunk` bytes
+/// mapped back to back, as PyTorch's expandable segments; returns the first byte.
+pub fn vmm_buffer(device: u32, chunk: usize, n: i32) -> u64 {
+    let rt = device::runtime().unwrap();
+    rt.set_device(device).unwrap();
+    // SAFETY: the fake runtime built by this test; its initialisers have no side effects.
+    let lib = unsafe { libloading::Library::new(rt.path()) }.unwrap();
+    type Alloc = unsafe extern "C" fn(*mut *mut std::ffi::c_void, usize, i32) -> i32;
+    // SAFETY: the fake exports this hook with exactly this signature.
+    let f: libloading::Symbol<Alloc> = unsafe { lib.get(b"fake_gpu_vmm_malloc") }.unwrap();
+    let mut p = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { f(&mut p, chunk, n) }, 0, "fake_gpu_vmm_malloc");
+    p as u64
+}
+
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     (0..len as u64)
         .map(|i| (i.wrapping_mul(131) + seed * 7 + (i >> 8) + (i >> 16)) as u8)
@@ -92,7 +113,7 @@ pub fn device_bytes(ptr: u64, len: usize) -> Vec<u8> {
 }
 
 pub fn engine() -> TransferEngine {
-    TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap()
+    TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::from_env().unwrap()).unwrap()
 }
 
 /// The loaded runtime is the fake of `vendor`, and locations are detected.

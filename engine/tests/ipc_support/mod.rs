@@ -28,6 +28,10 @@ pub static ENV: Mutex<()> = Mutex::new(());
 pub const OFFSET: u64 = 64 << 10;
 /// Bytes of each peer region.
 pub const LEN: u64 = (3 << 20) + 12345;
+/// Bytes of each allocation under the peer's virtual-memory region `v`.
+pub const VMM_CHUNK: u64 = 1 << 20;
+/// Offset of `v` in its first allocation.
+pub const VMM_OFFSET: u64 = 4096;
 
 pub fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -36,7 +40,9 @@ pub fn fnv(bytes: &[u8]) -> u64 {
 }
 
 /// The peer process and the addresses of its regions: `a` and `b` share one
-/// allocation (`a` at [`OFFSET`]), `c` is a second allocation, `host` is host memory.
+/// allocation (`a` at [`OFFSET`]), `c` is a second allocation, `host` is host memory,
+/// `v` memory of the virtual-memory API ([`VMM_CHUNK`] allocations back to back, `v` at
+/// [`VMM_OFFSET`] in them, crossing three chunk boundaries).
 pub struct IpcPeer {
     child: Child,
     stdin: ChildStdin,
@@ -46,6 +52,7 @@ pub struct IpcPeer {
     pub b: u64,
     pub c: u64,
     pub host: u64,
+    pub v: u64,
 }
 
 impl IpcPeer {
@@ -86,6 +93,7 @@ impl IpcPeer {
                     b: v[2].parse().unwrap(),
                     c: v[3].parse().unwrap(),
                     host: v[4].parse().unwrap(),
+                    v: v[5].parse().unwrap(),
                 };
             }
         }
@@ -155,7 +163,7 @@ pub fn peer_main() {
     // The parent set MC_GPU_RUNTIME and the fake's path; building it again here would
     // rewrite a library the parent has mapped.
     let rt = device::runtime().unwrap();
-    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::from_env().unwrap()).unwrap();
     rt.set_device(0).unwrap();
     // One allocation holding two regions (a caching allocator's block), and another.
     let big = rt.malloc((OFFSET + 2 * LEN + 8192) as usize).unwrap();
@@ -170,14 +178,16 @@ pub fn peer_main() {
     fill(b, &pattern(LEN as usize, seed + 1));
     let host = transfer_engine::HostBuffer::new(LEN as usize);
     host.write_at(0, &pattern(LEN as usize, seed + 3)).unwrap();
-    for addr in [a, b, c] {
+    let v = crate::fake_gpu::vmm_buffer(0, VMM_CHUNK as usize, 4) + VMM_OFFSET;
+    fill(v, &pattern(LEN as usize, seed + 4));
+    for addr in [a, b, c, v] {
         e.register_memory(addr, LEN, "*").unwrap();
     }
     e.register_memory(host.addr(), LEN, "cpu:0").unwrap();
     let mut out = std::io::stdout();
     writeln!(
         out,
-        "IPCPEER {} {a} {b} {c} {}",
+        "IPCPEER {} {a} {b} {c} {} {v}",
         e.session_id(),
         host.addr()
     )
@@ -289,6 +299,11 @@ macro_rules! ipc_tests {
         }
 
         #[test]
+        fn virtual_memory_regions_go_over_ipc_and_are_revoked() {
+            ipc_support::virtual_memory_regions($vendor);
+        }
+
+        #[test]
         fn mappings_close_on_unregister_and_peer_exit() {
             ipc_support::mappings_close_on_unregister_and_peer_exit($vendor);
         }
@@ -302,7 +317,7 @@ pub fn engine_with(env: &[(&str, &str)]) -> TransferEngine {
         // SAFETY (edition 2021: set_var is safe): engines start under ENV only.
         std::env::set_var(k, v);
     }
-    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::from_env().unwrap()).unwrap();
     for (k, _) in env {
         std::env::remove_var(k);
     }
@@ -915,4 +930,87 @@ pub fn adjacent_requests_share_copies(vendor: Vendor) {
     }
     assert!(together < 16, "{together} copies for {n} adjacent requests");
     assert!(apart >= n, "{apart} copies for {n} scattered requests");
+}
+
+/// Memory of the virtual-memory API (PyTorch's expandable segments): the descriptor
+/// advertises `ipc_vmm` (no `shm_name`, which upstream peers would try to open), the
+/// allocations under the region are handed over the descriptor socket and mapped back to
+/// back once, reads and writes crossing their boundaries land, and the peer's
+/// `unregister_memory` unmaps every piece before it returns.
+pub fn virtual_memory_regions(vendor: Vendor) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(101, &[]);
+    let e = engine_with(&[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    let bufs = e.segment_buffers(&seg).unwrap();
+    let v = bufs.iter().find(|b| b.addr == peer.v).unwrap();
+    assert_eq!(v.shm_name, None, "no legacy handle for virtual memory");
+    let key = v
+        .ipc_vmm
+        .clone()
+        .expect("virtual-memory buffers carry ipc_vmm");
+    assert_eq!(key.len(), 128);
+    assert_eq!(v.shm_offset, Some(VMM_OFFSET));
+    assert_eq!(v.name, format!("{}:0", vendor.prefix()));
+    let before = crate::fake_gpu::vmm_stats();
+
+    // One read of the whole region, then writes of 64 KiB blocks (some crossing chunks).
+    let local = device_buffer(1, &vec![0u8; len]);
+    e.register_memory(local, LEN, "*").unwrap();
+    sync(&e, &seg, &[Request::new(OpCode::Read, local, peer.v, LEN)]);
+    assert!(
+        device_bytes(local, len) == pattern(len, 105),
+        "read of v differs"
+    );
+    let data = pattern(len, 7);
+    let src = device_buffer(0, &data);
+    let block = 64u64 << 10;
+    let reqs: Vec<Request> = (0..LEN.div_ceil(block))
+        .map(|i| {
+            let off = i * block;
+            Request::new(OpCode::Write, src + off, peer.v + off, block.min(LEN - off))
+        })
+        .collect();
+    sync(&e, &seg, &reqs);
+    assert_eq!(peer.hash(peer.v, LEN), fnv(&data), "written bytes differ");
+    let (opened, _, open) = ipc_counts(&e);
+    assert_eq!((opened, open), (1, 1), "one mapping for the region");
+    let after = crate::fake_gpu::vmm_stats();
+    assert_eq!(
+        after[1] - before[1],
+        4,
+        "four chunks mapped: {before:?} -> {after:?}"
+    );
+    assert_eq!(after[3], 4, "four chunks mapped now");
+
+    // Revocation: unmapped (every piece) before the peer's unregister returns.
+    peer.unregister(peer.v);
+    let gone = crate::fake_gpu::vmm_stats();
+    assert_eq!(
+        gone[3], 0,
+        "pieces still mapped after unregister returned: {gone:?}"
+    );
+    assert_eq!(gone[2] - before[2], 4);
+    assert_eq!(ipc_counts(&e).2, 0);
+    let second = device_buffer(0, &pattern(len, 8));
+    // SAFETY: `second` outlives the call.
+    let err = unsafe { e.transfer_sync(&seg, &[Request::new(OpCode::Write, second, peer.v, LEN)]) }
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rejected remote range"), "{err}");
+    assert_eq!(
+        peer.hash(peer.v, LEN),
+        fnv(&data),
+        "v changed after unregister"
+    );
+    // The key is no longer served.
+    let refused = control_message(
+        &seg,
+        &serde_json::json!({
+            "op": "opened", "shm_name": key, "importer": "127.0.0.1:1",
+            "pid": std::process::id(), "host_id": boot_id(),
+        })
+        .to_string(),
+    );
+    assert!(refused.contains(r#""ok":false"#), "{refused}");
 }

@@ -132,6 +132,9 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
     let mut streams: HashMap<u32, Stream> = HashMap::new();
     let mut last_batch = 0u64;
     let rt = ipc.runtime().clone();
+    // The device current on this thread: a `SetDevice` per copy is a runtime call per
+    // block, paid on the path scattered blocks take.
+    let mut current: Option<u32> = None;
     while let Ok(group) = queue.recv() {
         // Taken slices, and the copies covering them: slices adjacent on both sides (a
         // request cut into slices, consecutive blocks of a tensor) go in one copy, since
@@ -143,7 +146,7 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
             let Some(held) = c.slice.take(&carrier, &mut last_batch) else {
                 continue;
             };
-            let stream = match stream_for(&rt, &mut streams, c.device) {
+            let stream = match stream_for(&rt, &mut streams, &mut current, c.device) {
                 Ok(s) => s,
                 Err(e) => {
                     failed.push((held, device_error(&c.peer, e.to_string())));
@@ -178,7 +181,7 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
             let issued = usize::try_from(r.len)
                 .map_err(|_| "copy too large".to_string())
                 .and_then(|len| {
-                    rt.set_device(r.device).map_err(|e| e.to_string())?;
+                    use_device(&rt, &mut current, r.device).map_err(|e| e.to_string())?;
                     // SAFETY: each member's local range is pinned by its `Held` until it
                     // is finished below, after the stream is synchronised; each remote
                     // range lies inside its mapping (checked against the driver's size
@@ -198,11 +201,13 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
         // Every stream used by this group, synchronised once.
         let mut results: HashMap<u32, Result<(), String>> = HashMap::new();
         for r in &runs {
-            results.entry(r.device).or_insert_with(|| {
-                rt.set_device(r.device)
-                    .and_then(|()| rt.stream_sync(r.stream))
-                    .map_err(|e| e.to_string())
-            });
+            if let std::collections::hash_map::Entry::Vacant(slot) = results.entry(r.device) {
+                slot.insert(
+                    use_device(&rt, &mut current, r.device)
+                        .and_then(|()| rt.stream_sync(r.stream))
+                        .map_err(|e| e.to_string()),
+                );
+            }
         }
         for ((held, mapping, device, peer), error) in taken.into_iter().zip(errors) {
             let r = match (error, results.get(&device)) {
@@ -225,12 +230,27 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
     }
 }
 
+/// Makes `device` current unless it already is.
+fn use_device(
+    rt: &crate::device::Runtime,
+    current: &mut Option<u32>,
+    device: u32,
+) -> Result<(), crate::device::DeviceError> {
+    if *current != Some(device) {
+        *current = None;
+        rt.set_device(device)?;
+        *current = Some(device);
+    }
+    Ok(())
+}
+
 fn stream_for(
     rt: &crate::device::Runtime,
     streams: &mut HashMap<u32, Stream>,
+    current: &mut Option<u32>,
     device: u32,
 ) -> Result<Stream, crate::device::DeviceError> {
-    rt.set_device(device)?;
+    use_device(rt, current, device)?;
     if let Some(&s) = streams.get(&device) {
         return Ok(s);
     }

@@ -21,6 +21,9 @@ pub(super) struct Mapping {
     /// Its size, as the driver reports it (bounds every advertised offset).
     pub size: u64,
     device: u32,
+    /// Memory of the virtual-memory API: the range's size and the pieces mapped in it,
+    /// unmapped on drop (else a legacy handle, closed on drop).
+    vmm: Option<(usize, Vec<(u64, usize)>)>,
     closes: Arc<AtomicU64>,
 }
 
@@ -28,7 +31,15 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         let ipc = self.ipc.clone();
         let base = self.base;
-        if let Err(e) = ipc.on_device(self.device, || ipc.close(base)) {
+        let closed = match (&self.vmm, ipc.vmm()) {
+            (Some((span, pieces)), Ok(vmm)) => ipc.on_device(self.device, || {
+                vmm.unmap(base, *span, pieces);
+                Ok(())
+            }),
+            (Some(_), Err(_)) => Ok(()),
+            (None, _) => ipc.on_device(self.device, || ipc.close(base)),
+        };
+        if let Err(e) = closed {
             tracing::warn!("closing the IPC mapping at {base:#x}: {e}");
         }
         self.closes.fetch_add(1, Ordering::Relaxed);
@@ -51,6 +62,21 @@ struct PeerMaps {
     revoked: HashMap<String, (String, Instant)>,
     /// Handles being opened, or revoked and not yet closed.
     busy: HashSet<String>,
+}
+
+impl PeerMaps {
+    /// Nothing mapped yet for `peer` (its descriptor at address `at`).
+    fn new(peer: &SegmentDesc, at: usize) -> Self {
+        Self {
+            seen: (at, peer.timestamp.clone()),
+            pid: peer.pid,
+            pid_ns: peer.pid_ns.clone(),
+            host_id: peer.host_id.clone(),
+            maps: HashMap::new(),
+            revoked: HashMap::new(),
+            busy: HashSet::new(),
+        }
+    }
 }
 
 /// What the cache says about one handle.
@@ -78,6 +104,10 @@ const REVOKED_FOR: Duration = Duration::from_secs(60);
 /// such a descriptor may still list the unregistered memory. Timestamps of one host's
 /// clock in one fixed-width format compare as text.
 fn revoked_check(entry: &PeerMaps, peer: &SegmentDesc, shm: &str) -> Result<(), String> {
+    if entry.revoked.is_empty() {
+        // The common case, without the upper-casing below (it allocates, per slice).
+        return Ok(());
+    }
     match entry.revoked.get(&shm.to_ascii_uppercase()) {
         Some((at, told))
             if told.elapsed() < REVOKED_FOR && peer.timestamp.as_str() <= at.as_str() =>
@@ -127,11 +157,13 @@ impl Imports {
         device: u32,
         announce: &dyn Fn(&str) -> Result<(), String>,
     ) -> Result<Target, String> {
-        let Some(shm) = buffer.shm_name.as_deref() else {
-            return Err(
+        let (shm, vmm) = match (buffer.shm_name.as_deref(), buffer.ipc_vmm.as_deref()) {
+            (Some(shm), _) => (shm, false),
+            (None, Some(key)) => (key, true),
+            (None, None) => return Err(
                 "the buffer has no IPC handle (host memory, or memory the peer could not export)"
                     .into(),
-            );
+            ),
         };
         // One open of a handle at a time in this process: the runtime's IPC mappings are
         // per process, and a second open while one is alive (being opened, or revoked and
@@ -146,9 +178,12 @@ impl Imports {
                 Cache::Busy => return Err("the handle is being opened or closed".into()),
                 Cache::Miss => {
                     // Opened and announced unlocked: the announcement waits on the peer.
-                    let o = self
-                        .open(shm, device)
-                        .and_then(|m| announce(shm).map(|()| m));
+                    let o = if vmm {
+                        self.open_vmm(peer, shm, device)
+                    } else {
+                        self.open(shm, device)
+                    }
+                    .and_then(|m| announce(shm).map(|()| m));
                     let mut peers = self.peers.lock();
                     let Some(entry) = peers.get_mut(&peer.name) else {
                         return Err("the peer's mappings were dropped meanwhile".into());
@@ -179,15 +214,12 @@ impl Imports {
     fn cached(&self, peer: &SegmentDesc, shm: &str) -> Result<Cache, String> {
         let mut peers = self.peers.lock();
         let at = peer as *const SegmentDesc as usize;
-        let entry = peers.entry(peer.name.clone()).or_insert_with(|| PeerMaps {
-            seen: (at, peer.timestamp.clone()),
-            pid: peer.pid,
-            pid_ns: peer.pid_ns.clone(),
-            host_id: peer.host_id.clone(),
-            maps: HashMap::new(),
-            revoked: HashMap::new(),
-            busy: HashSet::new(),
-        });
+        if !peers.contains_key(peer.name.as_str()) {
+            peers.insert(peer.name.clone(), PeerMaps::new(peer, at));
+        }
+        let Some(entry) = peers.get_mut(peer.name.as_str()) else {
+            return Err("internal: the peer's entry vanished".into());
+        };
         if entry.seen.0 != at || entry.seen.1 != peer.timestamp {
             // A new descriptor: close what it no longer lists; a restarted peer (new
             // process) shares nothing with the old one.
@@ -195,7 +227,7 @@ impl Imports {
             let listed: std::collections::HashSet<&str> = peer
                 .buffers
                 .iter()
-                .filter_map(|b| b.shm_name.as_deref())
+                .filter_map(|b| b.shm_name.as_deref().or(b.ipc_vmm.as_deref()))
                 .collect();
             entry
                 .maps
@@ -278,6 +310,7 @@ impl Imports {
             base,
             size: 0,
             device,
+            vmm: None,
             closes: self.closes.clone(),
         });
         let size = match ipc.on_device(device, || Ok(ipc.allocation_range(base))) {
@@ -296,6 +329,32 @@ impl Imports {
         };
         m.size = size;
         Ok(Arc::new(m))
+    }
+
+    /// Maps the allocations of the peer's virtual-memory region `key`, handed over by its
+    /// descriptor socket, back to back as the peer has them.
+    fn open_vmm(&self, peer: &SegmentDesc, key: &str, device: u32) -> Opened {
+        let vmm = self.ipc.vmm()?;
+        let socket = peer
+            .ipc_fd_socket
+            .as_deref()
+            .ok_or("the peer lists virtual-memory buffers but no ipc_fd_socket")?;
+        let (chunks, span) = super::fd_share::fetch(socket, key)?;
+        let ipc = &self.ipc;
+        let mapped = ipc
+            .on_device(device, || Ok(vmm.import(&chunks, span, device)))
+            .map_err(|e| e.to_string())??;
+        drop(chunks);
+        let (base, span_bytes, pieces) = mapped.into_parts();
+        self.opens.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(Mapping {
+            ipc: ipc.clone(),
+            base,
+            size: span,
+            device,
+            vmm: Some((span_bytes, pieces)),
+            closes: self.closes.clone(),
+        }))
     }
 
     /// Drops the mappings of `segment` (closed once copies in flight let go).

@@ -25,6 +25,7 @@
 mod control;
 mod copier;
 mod exports;
+mod fd_share;
 mod host;
 mod imports;
 mod settings;
@@ -47,7 +48,8 @@ use crate::wire::descriptor::{BufferDesc, SegmentDesc};
 use crate::wire::session::SegmentId;
 use control::{Control, Reply};
 use copier::{Copier, Copy};
-use exports::{Exports, Importer, Revocation};
+use exports::{Exports, Importer, Revocation, VmmSource};
+use fd_share::FdServer;
 use host::HostIdentity;
 use imports::Imports;
 
@@ -72,7 +74,9 @@ pub struct IpcTransport {
     protocol: &'static str,
     settings: IpcSettings,
     host: HostIdentity,
-    exports: Exports,
+    exports: Arc<Exports>,
+    /// Hands the allocations of virtual-memory exports to same-host peers.
+    fds: FdServer,
     imports: Imports,
     /// Per peer, the kind of the last decision logged (so each is logged once).
     decisions: Mutex<HashMap<String, Decision>>,
@@ -104,8 +108,7 @@ impl IpcTransport {
                 rt.path()
             ));
         }
-        let env = |k: &str| std::env::var(k).ok();
-        let settings = IpcSettings::from_env(rt.vendor(), &env)?;
+        let settings = IpcSettings::new(rt.vendor(), config);
         let ipc = Arc::new(
             IpcRuntime::load(rt.clone())
                 .map_err(|e| format!("{} has no IPC calls: {e}", rt.path()))?,
@@ -117,8 +120,12 @@ impl IpcTransport {
             Vendor::Cuda => PROTOCOL_CUDA,
             Vendor::Musa => PROTOCOL_MUSA,
         };
+        let exports = Arc::new(Exports::new(ipc.clone()));
+        let fds = FdServer::start(Arc::new(VmmSource(exports.clone())))
+            .map_err(|e| format!("cannot open the IPC descriptor socket: {e}"))?;
         let t = Self {
-            exports: Exports::new(ipc.clone()),
+            exports,
+            fds,
             imports: Imports::new(ipc.clone()),
             ipc,
             protocol,
@@ -148,10 +155,17 @@ impl IpcTransport {
             .ipc
             .driver_path()
             .unwrap_or("none: device regions are not exported");
+        let vmm = match self.ipc.vmm() {
+            Ok(_) => format!(
+                "virtual-memory allocations handed over on {}",
+                self.fds.address()
+            ),
+            Err(why) => format!("virtual-memory allocations not shared ({why})"),
+        };
         format!(
             "{protocol}: {vendor} IPC on {n} device(s) ({rt}; allocation ranges from {driver}); \
              same-host device-to-device requests {auto}; advertised protocol {adv}; host id {host}; \
-             {regions} region(s) exported in {handles} handle(s); {opens} peer handle(s) opened, \
+             {regions} region(s) exported in {handles} handle(s); {vmm}; {opens} peer handle(s) opened, \
              {closes} closed, {cached} open now; slices of {slice} bytes on {threads} copy thread(s)",
             protocol = self.protocol,
             vendor = self.ipc.runtime().vendor(),
@@ -387,6 +401,9 @@ impl Transport for IpcTransport {
         self.exports.describe(desc);
         self.host.describe(desc);
         desc.ipc_control = Some(self.control.clone());
+        if self.exports.has_vmm() {
+            desc.ipc_fd_socket = Some(self.fds.address());
+        }
         if self.settings.forced {
             desc.protocol = vec![self.protocol.to_string()];
         }
@@ -397,7 +414,7 @@ impl Transport for IpcTransport {
     }
 
     fn takes(&self, peer: &SegmentDesc, local_device: Option<u32>, remote: &BufferDesc) -> bool {
-        if remote.shm_name.is_none() {
+        if remote.shm_name.is_none() && remote.ipc_vmm.is_none() {
             if local_device.is_some() && self.host.same_host(peer) == Some(true) {
                 self.note(peer, Decision::HostBuffer, || {
                     format!(

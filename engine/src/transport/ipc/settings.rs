@@ -1,6 +1,7 @@
-//! The environment of the IPC transport: `MC_DISABLE_IPC` (ours), and upstream's
-//! `MC_INTRANODE_NVLINK`, `MC_FORCE_MUSA` / `MC_FORCE_MNNVL` and `MC_MUSA_IPC_OPEN_DEVICE`.
+//! How the IPC transport behaves, from the `IpcConfig` part of [`Config`] (parsed there
+//! with every other `MC_*` variable) and the runtime's vendor.
 
+use crate::config::{Config, IpcConfig};
 use crate::device::Vendor;
 
 /// How the IPC transport is asked to behave.
@@ -27,119 +28,60 @@ pub struct IpcSettings {
     pub revoke_timeout: std::time::Duration,
 }
 
-/// Default of `MC_IPC_REVOKE_TIMEOUT` (seconds).
-pub const DEFAULT_REVOKE_TIMEOUT_S: u64 = 5;
-
-/// Default of `MC_IPC_SLICE_SIZE`: measured on two H200s over NV18, 64 MiB requests ran at
-/// the raw peer-copy rate with 64 MiB slices and at 0.78 of it with 4 MiB slices (more
-/// streams interleaving on one link); smaller requests are not affected.
-pub const DEFAULT_SLICE_SIZE: u64 = 64 << 20;
-/// Default of `MC_IPC_COPY_THREADS`.
-pub const DEFAULT_COPY_THREADS: usize = 4;
-
-fn number(
-    env: &dyn Fn(&str) -> Option<String>,
-    var: &str,
-    default: u64,
-    range: std::ops::RangeInclusive<u64>,
-) -> Result<u64, String> {
-    let Some(v) = env(var).filter(|v| !v.trim().is_empty()) else {
-        return Ok(default);
-    };
-    match v.trim().parse::<u64>() {
-        Ok(n) if range.contains(&n) => Ok(n),
-        _ => Err(format!(
-            "{var}={v:?} is not understood; use a whole number from {} to {}",
-            range.start(),
-            range.end()
-        )),
-    }
-}
-
 impl IpcSettings {
-    /// Reads the variables through `env`; a value that is not understood is an error
-    /// naming the variable and what it accepts.
-    pub fn from_env(vendor: Vendor, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let auto = match env("MC_DISABLE_IPC")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("") | Some("0") | Some("false") | Some("no") | Some("off") => true,
-            Some("1") | Some("true") | Some("yes") | Some("on") => false,
-            Some(other) => {
-                return Err(format!(
-                    "MC_DISABLE_IPC={other:?} is not understood; use 1 to turn same-host GPU IPC off, 0 or unset to keep it"
-                ))
-            }
-        };
-        // Upstream checks these by presence.
-        let forced = match vendor {
-            Vendor::Cuda => env("MC_INTRANODE_NVLINK").is_some(),
-            Vendor::Musa => env("MC_FORCE_MUSA").is_some() || env("MC_FORCE_MNNVL").is_some(),
-        };
-        let open_on_buffer_device = match env("MC_MUSA_IPC_OPEN_DEVICE")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("") | Some("current") => false,
-            Some("metadata") => true,
-            Some(other) => {
-                return Err(format!(
-                    "MC_MUSA_IPC_OPEN_DEVICE={other:?} is not understood; use current or metadata"
-                ))
-            }
-        };
-        let host_id = env("MC_HOST_ID").filter(|s| !s.trim().is_empty());
-        let slice_size = number(
-            env,
-            "MC_IPC_SLICE_SIZE",
-            DEFAULT_SLICE_SIZE,
-            4096..=(1 << 30),
-        )?;
-        let copy_threads = number(
-            env,
-            "MC_IPC_COPY_THREADS",
-            DEFAULT_COPY_THREADS as u64,
-            1..=16,
-        )? as usize;
-        let revoke_timeout = std::time::Duration::from_secs(number(
-            env,
-            "MC_IPC_REVOKE_TIMEOUT",
-            DEFAULT_REVOKE_TIMEOUT_S,
-            1..=600,
-        )?);
-        Ok(Self {
-            auto,
-            forced,
+    /// The settings for `vendor`'s runtime.
+    pub fn new(vendor: Vendor, config: &Config) -> Self {
+        let IpcConfig {
+            disable,
+            intranode_nvlink,
+            force_musa,
             open_on_buffer_device,
             host_id,
             slice_size,
             copy_threads,
             revoke_timeout,
-        })
+        } = config.ipc.clone();
+        Self {
+            auto: !disable,
+            forced: match vendor {
+                Vendor::Cuda => intranode_nvlink,
+                Vendor::Musa => force_musa,
+            },
+            open_on_buffer_device,
+            host_id,
+            slice_size,
+            copy_threads,
+            revoke_timeout,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ConfigError;
 
-    fn with(vars: &[(&str, &str)], vendor: Vendor) -> Result<IpcSettings, String> {
+    fn with(vars: &[(&str, &str)], vendor: Vendor) -> Result<IpcSettings, ConfigError> {
         let vars: Vec<(String, String)> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        IpcSettings::from_env(vendor, &|k| {
-            vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-        })
+        let config =
+            Config::from_lookup(|k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))?;
+        Ok(IpcSettings::new(vendor, &config))
     }
 
     #[test]
     fn defaults_and_switches() {
         let d = with(&[], Vendor::Cuda).unwrap();
         assert!(d.auto && !d.forced && !d.open_on_buffer_device);
+        assert_eq!(
+            (d.slice_size, d.copy_threads, d.revoke_timeout.as_secs()),
+            (64 << 20, 4, 5)
+        );
         assert!(!with(&[("MC_DISABLE_IPC", "1")], Vendor::Cuda).unwrap().auto);
         assert!(with(&[("MC_DISABLE_IPC", "0")], Vendor::Cuda).unwrap().auto);
+        assert!(with(&[("MC_DISABLE_IPC", "")], Vendor::Cuda).unwrap().auto);
         assert!(
             with(&[("MC_INTRANODE_NVLINK", "")], Vendor::Cuda)
                 .unwrap()
@@ -156,27 +98,47 @@ mod tests {
                 .forced
         );
         assert!(
+            with(&[("MC_FORCE_MNNVL", "1")], Vendor::Musa)
+                .unwrap()
+                .forced
+        );
+        assert!(
             with(&[("MC_MUSA_IPC_OPEN_DEVICE", "metadata")], Vendor::Musa)
                 .unwrap()
                 .open_on_buffer_device
         );
+        let s = with(
+            &[
+                ("MC_IPC_SLICE_SIZE", "4096"),
+                ("MC_IPC_COPY_THREADS", "16"),
+                ("MC_IPC_REVOKE_TIMEOUT", "600"),
+                ("MC_HOST_ID", "box-7"),
+            ],
+            Vendor::Cuda,
+        )
+        .unwrap();
+        assert_eq!(
+            (s.slice_size, s.copy_threads, s.revoke_timeout.as_secs()),
+            (4096, 16, 600)
+        );
+        assert_eq!(s.host_id.as_deref(), Some("box-7"));
     }
 
     #[test]
-    fn unknown_values_are_refused_by_name() {
-        let e = with(&[("MC_DISABLE_IPC", "maybe")], Vendor::Cuda).unwrap_err();
-        assert!(e.contains("MC_DISABLE_IPC"), "{e}");
-        let e = with(&[("MC_MUSA_IPC_OPEN_DEVICE", "peer")], Vendor::Musa).unwrap_err();
-        assert!(e.contains("MC_MUSA_IPC_OPEN_DEVICE"), "{e}");
-        let e = with(&[("MC_IPC_COPY_THREADS", "0")], Vendor::Cuda).unwrap_err();
-        assert!(e.contains("MC_IPC_COPY_THREADS"), "{e}");
-        let e = with(&[("MC_IPC_REVOKE_TIMEOUT", "0")], Vendor::Cuda).unwrap_err();
-        assert!(e.contains("MC_IPC_REVOKE_TIMEOUT"), "{e}");
-        let ok = with(&[("MC_IPC_SLICE_SIZE", "67108864")], Vendor::Cuda).unwrap();
-        assert_eq!(ok.revoke_timeout.as_secs(), DEFAULT_REVOKE_TIMEOUT_S);
-        assert_eq!(
-            (ok.slice_size, ok.copy_threads),
-            (64 << 20, DEFAULT_COPY_THREADS)
-        );
+    fn unknown_values_are_refused_by_name_as_every_config_error() {
+        for (var, value) in [
+            ("MC_DISABLE_IPC", "maybe"),
+            ("MC_MUSA_IPC_OPEN_DEVICE", "peer"),
+            ("MC_IPC_COPY_THREADS", "0"),
+            ("MC_IPC_COPY_THREADS", "17"),
+            ("MC_IPC_REVOKE_TIMEOUT", "0"),
+            ("MC_IPC_SLICE_SIZE", "100"),
+            ("MC_IPC_SLICE_SIZE", "lots"),
+        ] {
+            let e = with(&[(var, value)], Vendor::Cuda).unwrap_err();
+            assert_eq!((e.var, e.value.as_str()), (var, value));
+            let text = e.to_string();
+            assert!(text.contains(var) && text.contains(value), "{text}");
+        }
     }
 }
