@@ -96,6 +96,8 @@ pub(super) struct Imports {
     ipc: Arc<IpcRuntime>,
     peers: Mutex<HashMap<String, PeerMaps>>,
     opens: AtomicU64,
+    /// Of `opens`, handles opened again after the peer revoked our mapping of them.
+    reopens: AtomicU64,
     closes: Arc<AtomicU64>,
 }
 
@@ -113,6 +115,7 @@ impl Imports {
             ipc,
             peers: Mutex::new(HashMap::new()),
             opens: AtomicU64::new(0),
+            reopens: AtomicU64::new(0),
             closes: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -155,6 +158,9 @@ impl Imports {
                     };
                     entry.busy.remove(shm);
                     revoked_check(entry, peer, shm)?;
+                    if o.is_ok() && entry.revoked.contains_key(&shm.to_ascii_uppercase()) {
+                        self.reopens.fetch_add(1, Ordering::Relaxed);
+                    }
                     break entry.maps.entry(shm.to_string()).or_insert(o).clone();
                 }
             }
@@ -327,6 +333,12 @@ impl Imports {
     pub fn clear(&self) {
         let all = std::mem::take(&mut *self.peers.lock());
         drop(all);
+    }
+
+    /// Handles opened again after the peer revoked our mapping of them (while the
+    /// revocation is remembered), since start.
+    pub fn reopens(&self) -> u64 {
+        self.reopens.load(Ordering::Relaxed)
     }
 
     /// (handles opened, mappings closed, mappings cached now) since start.
