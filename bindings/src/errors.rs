@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use thiserror::Error;
+use transfer_engine::transport::select::Refusal;
 use transfer_engine::{EngineError, TransferError};
 
 /// A failed binding call.
@@ -82,7 +83,7 @@ pub struct ErrorInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cause {
     /// One of: `not_initialized`, `invalid_argument`, `config`, `memory`, `listen`,
-    /// `protocol_not_served`, `rdma_unavailable`, `gpu_unavailable`, `transport_refused`,
+    /// `protocol_not_served`, `rdma_unavailable`, `gpu_unavailable`,
     /// `protocol_mismatch`, `peer_unreachable`, `peer_lost`, `address_rejected`,
     /// `peer_protocol_error`, `metadata`, `timeout`, `canceled`, `unsupported`,
     /// `interrupted`, `io`.
@@ -173,6 +174,7 @@ fn transfer_cause(target: &str, e: &TransferError) -> Cause {
 }
 
 fn engine_cause(e: &EngineError) -> Cause {
+    use transfer_engine::metadata::handshake::HandshakeError;
     use transfer_engine::metadata::MetadataError;
     use transfer_engine::transport::TransportError;
     match e {
@@ -189,10 +191,15 @@ fn engine_cause(e: &EngineError) -> Cause {
             Some("MC_MIN_RPC_PORT / MC_MAX_RPC_PORT give the port range; MC_TCP_BIND_ADDRESS the address".into()),
         ),
         EngineError::Metadata(MetadataError::Handshake { peer, source }) => {
-            let kind = if source.to_string().contains("deadline") {
-                "timeout"
-            } else {
-                "peer_unreachable"
+            let kind = match source {
+                HandshakeError::Deadline { .. } => "timeout",
+                HandshakeError::Wire(_) | HandshakeError::WrongType { .. } => {
+                    "peer_protocol_error"
+                }
+                HandshakeError::Resolve { .. }
+                | HandshakeError::NoAddress { .. }
+                | HandshakeError::Connect { .. }
+                | HandshakeError::Io { .. } => "peer_unreachable",
             };
             cause(kind, Some(peer), Some(peer_hint(peer)))
         }
@@ -211,7 +218,7 @@ fn engine_cause(e: &EngineError) -> Cause {
             None,
             Some(format!("the metadata store {store} must be reachable; mooncake_http_metadata_server serves one")),
         ),
-        EngineError::Transport(TransportError::Refused(why)) => refused_cause(why),
+        EngineError::Transport(TransportError::Refused(r)) => refused_cause(r),
         EngineError::Transport(TransportError::Unusable { segment, protocol, .. }) => cause(
             "protocol_mismatch",
             Some(segment),
@@ -236,44 +243,18 @@ fn engine_cause(e: &EngineError) -> Cause {
     }
 }
 
-/// Why `initialize` refused its transports, told apart by the reasons
-/// `transport::select` gives (its messages are the engine's contract with this function;
-/// `refused_kinds` in the tests pins them).
-fn refused_cause(why: &str) -> Cause {
-    if why.contains("is not served by this engine") || why.starts_with("unknown protocol") {
-        cause(
-            "protocol_not_served",
-            None,
-            Some("initialize's protocol must be \"tcp\", \"rdma\", \"\" (automatic), \"nvlink_intra\" or \"musa\"".into()),
-        )
-    } else if why.contains("MC_FORCE_HCA") || why.contains("RDMA") || why.contains("HCA") {
-        cause(
-            "rdma_unavailable",
-            None,
-            Some("mooncake-doctor (rdma.* and decision checks) says what is missing; unset MC_FORCE_HCA to allow the TCP fallback, MC_TE_FILTERS names the HCAs".into()),
-        )
-    } else if why.contains("GPU runtime") || why.contains("runtime reports no device") {
-        cause(
-            "gpu_unavailable",
-            None,
-            Some("mooncake-doctor (gpu.runtime) lists the runtime libraries tried; MC_GPU_RUNTIME, MC_MUSART_PATH".into()),
-        )
-    } else if why.contains("MC_CUSTOM_TOPO_JSON") {
-        cause(
-            "config",
-            None,
-            Some("fix or unset MC_CUSTOM_TOPO_JSON".into()),
-        )
-    } else {
-        cause(
-            "transport_refused",
-            None,
-            Some(
-                "mooncake-doctor --selftest starts the same transports and says why they fail"
-                    .into(),
-            ),
-        )
-    }
+/// Why `initialize` refused its transports: the engine's [`Refusal`] names the kind and
+/// carries the hint.
+fn refused_cause(r: &Refusal) -> Cause {
+    let kind = match r {
+        Refusal::ProtocolNotServed { .. } | Refusal::UnknownProtocol { .. } => {
+            "protocol_not_served"
+        }
+        Refusal::RdmaRequired { .. } => "rdma_unavailable",
+        Refusal::GpuUnavailable { .. } => "gpu_unavailable",
+        Refusal::Topology { .. } => "config",
+    };
+    cause(kind, None, Some(r.hint().to_string()))
 }
 
 thread_local! {
@@ -349,17 +330,18 @@ mod tests {
 
     #[test]
     fn causes_are_typed() {
-        let refused = |why: &str| {
+        let refused = |r: Refusal| {
             BindingError::Engine(EngineError::Transport(
-                transfer_engine::transport::TransportError::Refused(why.into()),
+                transfer_engine::transport::TransportError::Refused(r),
             ))
         };
         assert_eq!(
             status(
                 "initialize",
-                Err(refused(
-                    "protocol \"efa\" (AWS) is not served by this engine; ..."
-                ))
+                Err(refused(Refusal::ProtocolNotServed {
+                    protocol: "efa".into(),
+                    what: "AWS",
+                }))
             ),
             -1
         );
@@ -367,12 +349,38 @@ mod tests {
         assert_eq!(info.kind, "protocol_not_served");
         assert_eq!(info.call, "initialize");
         assert_eq!(Some(info.message), last_error());
-        assert_eq!(
-            refused("MC_FORCE_HCA is set but RDMA cannot be used: no HCA")
-                .cause()
-                .kind,
-            "rdma_unavailable"
-        );
+        let reason = || "no HCA".to_string();
+        for (r, kind, hint) in [
+            (
+                Refusal::UnknownProtocol {
+                    protocol: "rmda".into(),
+                },
+                "protocol_not_served",
+                "nvlink_intra",
+            ),
+            (
+                Refusal::RdmaRequired { reason: reason() },
+                "rdma_unavailable",
+                "MC_FORCE_HCA",
+            ),
+            (
+                Refusal::GpuUnavailable {
+                    protocol: "musa".into(),
+                    reason: reason(),
+                },
+                "gpu_unavailable",
+                "MC_GPU_RUNTIME",
+            ),
+            (
+                Refusal::Topology { reason: reason() },
+                "config",
+                "MC_CUSTOM_TOPO_JSON",
+            ),
+        ] {
+            let c = refused(r).cause();
+            assert_eq!(c.kind, kind);
+            assert!(c.hint.unwrap().contains(hint), "{kind}");
+        }
         let t = BindingError::Transfer {
             what: "transfer".into(),
             target: "127.0.0.1:1".into(),
@@ -400,6 +408,31 @@ mod tests {
             .hint
             .unwrap()
             .contains("MC_TRANSFER_TIMEOUT"));
+    }
+
+    #[test]
+    fn handshake_failures_are_told_apart_by_variant() {
+        use transfer_engine::metadata::handshake::HandshakeError;
+        use transfer_engine::metadata::MetadataError;
+        let kind = |source: HandshakeError| {
+            BindingError::Engine(EngineError::Metadata(MetadataError::Handshake {
+                peer: "h:1".into(),
+                source,
+            }))
+            .cause()
+            .kind
+        };
+        let deadline = HandshakeError::Deadline {
+            step: "reading the reply",
+            limit: std::time::Duration::from_secs(1),
+            var: "MC_HANDSHAKE_TIMEOUT",
+        };
+        assert_eq!(kind(deadline), "timeout");
+        let refused = HandshakeError::Connect {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        };
+        assert_eq!(kind(refused), "peer_unreachable");
     }
 
     #[test]

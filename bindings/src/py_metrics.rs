@@ -32,6 +32,8 @@ pub fn to_dict<'py>(py: Python<'py>, m: &MetricsSnapshot) -> PyResult<Bound<'py,
         d.set_item("connects", t.connections.connects)?;
         d.set_item("reconnects", t.connections.reconnects)?;
         d.set_item("retries", t.connections.retries)?;
+        d.set_item("served_bytes_read", t.connections.served_bytes_read)?;
+        d.set_item("served_bytes_written", t.connections.served_bytes_written)?;
         d.set_item("request_latency", latency(py, &t.request_latency)?)?;
         d.set_item("batch_latency", latency(py, &t.batch_latency)?)?;
         transports.set_item(t.protocol, d)?;

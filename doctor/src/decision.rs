@@ -2,7 +2,7 @@
 //! engine's own `select::decide` over the facts gathered for this run.
 
 use serde_json::json;
-use transfer_engine::transport::select::{self, GpuPresence};
+use transfer_engine::transport::select::{self, GpuPresence, Refusal};
 
 use crate::host::Inputs;
 use crate::probe::{Facts, GpuFacts};
@@ -72,12 +72,12 @@ pub fn check(inp: &Inputs, facts: &Facts) -> Check {
         },
     );
     match decided {
-        Err(why) => Check::fail(
+        Err(refusal) => Check::fail(
             "decision",
-            format!("{asked} would fail: {why}"),
-            "fix what the rdma.* / gpu.* checks above report, or unset MC_FORCE_HCA to allow the TCP fallback",
+            format!("{asked} would fail: {refusal}"),
+            refusal.hint(),
         )
-        .with_data(json!({"error": why})),
+        .with_data(json!({"error": refusal.to_string(), "refusal": refusal_name(&refusal)})),
         Ok(plan) => {
             let mut transports = Vec::new();
             if plan.ipc {
@@ -122,5 +122,16 @@ pub fn check(inp: &Inputs, facts: &Facts) -> Check {
             }
             .with_data(data)
         }
+    }
+}
+
+/// The refusal's name in the JSON report (stable, for machines).
+fn refusal_name(r: &Refusal) -> &'static str {
+    match r {
+        Refusal::ProtocolNotServed { .. } => "protocol_not_served",
+        Refusal::UnknownProtocol { .. } => "unknown_protocol",
+        Refusal::RdmaRequired { .. } => "rdma_required",
+        Refusal::GpuUnavailable { .. } => "gpu_unavailable",
+        Refusal::Topology { .. } => "topology",
     }
 }

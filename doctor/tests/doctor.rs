@@ -173,6 +173,27 @@ fn no_hca_with_force_hca_fails() {
 }
 
 #[test]
+fn refusals_are_typed_in_the_json_with_their_own_fix() {
+    let r = Host::new().set("MC_FORCE_HCA", "1").run();
+    let d = check(&r, "decision");
+    assert_eq!(d.data["refusal"], "rdma_required", "{d:?}");
+    assert!(fix(&r, "decision").contains("unset MC_FORCE_HCA"));
+    for (protocol, refusal, fix_names) in [
+        ("efa", "protocol_not_served", "nvlink_intra"),
+        ("rmda", "unknown_protocol", "nvlink_intra"),
+        ("musa", "gpu_unavailable", "MC_GPU_RUNTIME"),
+    ] {
+        let mut i = Host::new().inputs();
+        i.protocol = protocol.into();
+        let r = run(&i);
+        let d = check(&r, "decision");
+        assert_eq!(d.status, Status::Fail, "{d:?}");
+        assert_eq!(d.data["refusal"], refusal, "{d:?}");
+        assert!(fix(&r, "decision").contains(fix_names), "{d:?}");
+    }
+}
+
+#[test]
 fn tcp_protocol_makes_missing_rdma_information_only() {
     let mut i = Host::new().inputs();
     i.protocol = "tcp".into();

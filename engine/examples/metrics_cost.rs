@@ -17,12 +17,12 @@ fn run(metrics: Option<&Metrics>) -> Duration {
     for _ in 0..ROUNDS {
         let batch = BatchState::new(&[1], Duration::from_secs(5));
         if let (Some(m), Some(peer)) = (metrics, &peer) {
-            let infos = vec![RequestInfo {
+            let infos = [RequestInfo {
                 transport: 0,
                 read: false,
                 len: 4096,
             }];
-            batch.set_recorder(m.recorder(peer.clone(), ["tcp"].into_iter(), infos.into()));
+            batch.set_recorder(m.recorder(peer.clone(), ["tcp"].into_iter(), infos));
         }
         batch.slice_done(0, Ok(()));
         std::hint::black_box(&batch);

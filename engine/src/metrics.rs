@@ -60,15 +60,56 @@ pub fn failure_kind(e: &TransferError) -> usize {
     }
 }
 
-/// What a transport counts about its own connections (zeros where it counts nothing).
+/// What a transport counts about its own connections, and the bytes it served to peers
+/// (zeros where it counts nothing; the README's metric table says which transport counts
+/// what).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TransportCounters {
-    /// Connections opened to peers.
+    /// Connections opened to peers (RDMA: endpoints set up; IPC: peer handles opened).
     pub connects: u64,
-    /// Connections opened again after one to the same peer broke.
+    /// Connections opened again after one to the same peer broke (RDMA: an endpoint
+    /// rebuilt after its queue pairs failed).
     pub reconnects: u64,
-    /// Slices sent again after their connection broke.
+    /// Slices sent again after their connection broke (RDMA: over another HCA pair).
     pub retries: u64,
+    /// Bytes peers read from our registered memory, served by our threads (TCP only).
+    pub served_bytes_read: u64,
+    /// Bytes peers wrote into our registered memory, served by our threads (TCP only).
+    pub served_bytes_written: u64,
+}
+
+/// The atomics a transport counts [`TransportCounters`] into (relaxed: only read for
+/// metrics).
+#[derive(Debug, Default)]
+pub struct ConnectionCounters {
+    /// See [`TransportCounters::connects`].
+    pub connects: AtomicU64,
+    /// See [`TransportCounters::reconnects`].
+    pub reconnects: AtomicU64,
+    /// See [`TransportCounters::retries`].
+    pub retries: AtomicU64,
+    /// See [`TransportCounters::served_bytes_read`].
+    pub served_bytes_read: AtomicU64,
+    /// See [`TransportCounters::served_bytes_written`].
+    pub served_bytes_written: AtomicU64,
+}
+
+impl ConnectionCounters {
+    /// Adds `n` to `counter` (one of this struct's fields).
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> TransportCounters {
+        TransportCounters {
+            connects: self.connects.load(Ordering::Relaxed),
+            reconnects: self.reconnects.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            served_bytes_read: self.served_bytes_read.load(Ordering::Relaxed),
+            served_bytes_written: self.served_bytes_written.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Request counters of one transport or one peer.
@@ -211,12 +252,41 @@ pub struct RequestInfo {
     pub len: u64,
 }
 
-/// What a batch records into when its requests finish.
+/// Most transports one batch records into (an engine runs at most three: IPC, RDMA,
+/// TCP); requests over a transport beyond these count for the peer only.
+pub const MAX_BATCH_TRANSPORTS: usize = 4;
+
+/// What a batch records into when its requests finish. Building one allocates nothing
+/// for a single-request batch (the latency benchmark's case), one slice otherwise.
 #[derive(Debug)]
 pub struct Recorder {
     peer: Arc<Counters>,
-    transports: Vec<Arc<TransportMetrics>>,
-    requests: Box<[RequestInfo]>,
+    transports: [Option<Arc<TransportMetrics>>; MAX_BATCH_TRANSPORTS],
+    requests: Requests,
+}
+
+#[derive(Debug)]
+enum Requests {
+    One(RequestInfo),
+    Many(Box<[RequestInfo]>),
+}
+
+impl Requests {
+    fn collect(requests: impl IntoIterator<Item = RequestInfo>) -> Self {
+        let mut it = requests.into_iter();
+        match (it.next(), it.next()) {
+            (Some(a), None) => Self::One(a),
+            (None, _) => Self::Many(Box::default()),
+            (Some(a), Some(b)) => Self::Many([a, b].into_iter().chain(it).collect()),
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&RequestInfo> {
+        match self {
+            Self::One(r) => (i == 0).then_some(r),
+            Self::Many(rs) => rs.get(i),
+        }
+    }
 }
 
 impl Recorder {
@@ -226,7 +296,8 @@ impl Recorder {
             return;
         };
         self.peer.record(r.read, r.len, result);
-        if let Some(t) = self.transports.get(usize::from(r.transport)) {
+        let transport = self.transports.get(usize::from(r.transport));
+        if let Some(t) = transport.and_then(Option::as_ref) {
             t.counters.record(r.read, r.len, result);
             t.request_latency.observe(elapsed);
         }
@@ -234,7 +305,7 @@ impl Recorder {
 
     /// The whole batch finished after `elapsed` (counted on the peer's own transport).
     pub fn batch_done(&self, elapsed: Duration) {
-        if let Some(t) = self.transports.first() {
+        if let Some(t) = self.transports.first().and_then(Option::as_ref) {
             t.batch_latency.observe(elapsed);
         }
     }
@@ -317,15 +388,17 @@ impl Metrics {
         &self,
         peer: Arc<Counters>,
         protocols: impl Iterator<Item = &'static str>,
-        requests: Box<[RequestInfo]>,
+        requests: impl IntoIterator<Item = RequestInfo>,
     ) -> Recorder {
-        let transports = protocols
-            .filter_map(|p| self.transports.iter().find(|t| t.protocol == p).cloned())
-            .collect();
+        let mut transports: [Option<Arc<TransportMetrics>>; MAX_BATCH_TRANSPORTS] =
+            Default::default();
+        for (slot, p) in transports.iter_mut().zip(protocols) {
+            *slot = self.transports.iter().find(|t| t.protocol == p).cloned();
+        }
         Recorder {
             peer,
             transports,
-            requests,
+            requests: Requests::collect(requests),
         }
     }
 
@@ -465,17 +538,31 @@ impl Collector for Exposition {
             }),
         )?;
         type PickConn = fn(&TransportCounters) -> u64;
-        let per_conn: [(&str, &str, PickConn); 3] = [
-            ("connects", "Connections opened to peers", |c| c.connects),
+        let per_conn: [(&str, &str, PickConn); 5] = [
+            (
+                "connects",
+                "Connections opened to peers (RDMA: endpoints set up; IPC: peer GPU handles opened)",
+                |c| c.connects,
+            ),
             (
                 "reconnects",
-                "Connections opened again after one broke",
+                "Connections opened again after one broke (RDMA: endpoint rebuilt after its queue pairs failed; IPC: none)",
                 |c| c.reconnects,
             ),
             (
                 "retries",
-                "Slices sent again after their connection broke",
+                "Slices sent again after their connection broke (RDMA: over another HCA pair; IPC: none)",
                 |c| c.retries,
+            ),
+            (
+                "served_bytes_read",
+                "Bytes peers read from our registered memory through our threads (TCP only: one-sided RDMA and GPU IPC bypass them, so those count 0)",
+                |c| c.served_bytes_read,
+            ),
+            (
+                "served_bytes_written",
+                "Bytes peers wrote into our registered memory through our threads (TCP only: one-sided RDMA and GPU IPC bypass them, so those count 0)",
+                |c| c.served_bytes_written,
             ),
         ];
         for (name, help, pick) in per_conn {
@@ -644,12 +731,11 @@ mod tests {
             let rec = m.recorder(
                 peer,
                 ["tcp"].into_iter(),
-                vec![RequestInfo {
+                [RequestInfo {
                     transport: 0,
                     read: false,
                     len: 10,
-                }]
-                .into(),
+                }],
             );
             rec.request_done(0, None, Duration::from_micros(5));
         }
@@ -664,20 +750,40 @@ mod tests {
     }
 
     #[test]
+    fn a_recorder_keeps_transport_indices_and_one_request_inline() {
+        let m = Metrics::new(&["tcp"]);
+        let write = |transport, len| RequestInfo {
+            transport,
+            read: false,
+            len,
+        };
+        // Transport 0 has no metrics: request 0 counts for the peer only, request 1 on tcp.
+        let rec = m.recorder(
+            m.peer("p:1"),
+            ["unmetered", "tcp"].into_iter(),
+            [write(0, 5), write(1, 7)],
+        );
+        for i in 0..3 {
+            rec.request_done(i, None, Duration::ZERO);
+        }
+        let s = m.snapshot(&[]);
+        assert_eq!(s.transports[0].counters.bytes_written, 7);
+        assert_eq!(s.peers[0].1.bytes_written, 12);
+        let one = m.recorder(m.peer("p:1"), ["tcp"].into_iter(), [write(0, 3)]);
+        assert!(matches!(one.requests, Requests::One(_)));
+    }
+
+    #[test]
     fn failures_are_counted_by_kind_and_move_no_bytes() {
         let m = Metrics::new(&["tcp"]);
         let rec = m.recorder(
             m.peer("p:1"),
             ["tcp"].into_iter(),
-            vec![
-                RequestInfo {
-                    transport: 0,
-                    read: true,
-                    len: 8,
-                };
-                2
-            ]
-            .into(),
+            [RequestInfo {
+                transport: 0,
+                read: true,
+                len: 8,
+            }; 2],
         );
         rec.request_done(0, None, Duration::ZERO);
         let e = TransferError::Timeout(Duration::from_secs(1));
@@ -689,6 +795,8 @@ mod tests {
                 connects: 1,
                 reconnects: 2,
                 retries: 3,
+                served_bytes_read: 4,
+                served_bytes_written: 5,
             },
         )]);
         let t = &s.transports[0];

@@ -38,23 +38,38 @@ fn parse(text: &str) -> HashMap<String, f64> {
         .collect()
 }
 
+/// A P2P engine on loopback; `metrics_port`: its endpoint (0: a free port).
+fn engine(metrics_port: Option<u16>) -> TransferEngine {
+    let config = Config {
+        metrics_port,
+        ..Config::default()
+    };
+    TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap()
+}
+
+/// The TCP transport's metrics of `e`.
+fn tcp_metrics(e: &TransferEngine) -> transfer_engine::metrics::TransportSnapshot {
+    e.metrics()
+        .transports
+        .into_iter()
+        .find(|t| t.protocol == "tcp")
+        .unwrap()
+}
+
+/// A buffer of `len` bytes registered with `e`, and `e`'s segment name.
+fn registered(e: &TransferEngine, len: u64) -> (HostBuffer, String) {
+    let buf = HostBuffer::new(len as usize);
+    e.register_memory(buf.addr(), len, "cpu:0").unwrap();
+    (buf, e.session_id().to_string())
+}
+
 #[test]
 fn transfers_are_counted_and_served_in_prometheus_text() {
-    let initiator = TransferEngine::new(
-        "127.0.0.1",
-        "P2PHANDSHAKE",
-        Config {
-            metrics_port: Some(0),
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    let peer = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
-    let remote = HostBuffer::new(LEN as usize);
-    peer.register_memory(remote.addr(), LEN, "cpu:0").unwrap();
+    let initiator = engine(Some(0));
+    let peer = engine(None);
+    let (remote, seg) = registered(&peer, LEN);
     let local = HostBuffer::new(LEN as usize);
     local.fill(7);
-    let seg = peer.session_id().to_string();
     let write = Request::new(OpCode::Write, local.addr(), remote.addr(), LEN);
     let read = Request::new(OpCode::Read, local.addr(), remote.addr(), LEN / 2);
     // SAFETY: both buffers outlive the calls.
@@ -168,14 +183,7 @@ fn a_connection_the_peer_closed_is_counted_as_a_reconnect() {
     peer.register_memory(remote.addr(), LEN, "cpu:0").unwrap();
     let local = HostBuffer::new(LEN as usize);
     let write = Request::new(OpCode::Write, local.addr(), remote.addr(), LEN);
-    let tcp = |e: &TransferEngine| {
-        e.metrics()
-            .transports
-            .into_iter()
-            .find(|t| t.protocol == "tcp")
-            .unwrap()
-            .connections
-    };
+    let tcp = |e: &TransferEngine| tcp_metrics(e).connections;
     // SAFETY: both buffers outlive the calls.
     unsafe { initiator.transfer_sync(peer.session_id(), &[write]) }.unwrap();
     let before = tcp(&initiator);
@@ -188,4 +196,79 @@ fn a_connection_the_peer_closed_is_counted_as_a_reconnect() {
     let after = tcp(&initiator);
     assert!(after.reconnects >= 1, "{after:?}");
     assert!(after.connects > before.connects, "{after:?}");
+}
+
+/// The target side: bytes peers wrote into and read from our registered memory over TCP,
+/// scraped from the target's endpoint while an initiator transfers, and equal to the
+/// bytes moved once it is done (a rejected request serves nothing).
+#[test]
+fn bytes_served_to_peers_are_scraped_while_transfers_run() {
+    const ROUNDS: u64 = 200;
+    const W: u64 = 64 << 10;
+    const R: u64 = 24 << 10;
+    let target = engine(Some(0));
+    let initiator = engine(None);
+    let (remote, seg) = registered(&target, W);
+    let local = HostBuffer::new(W as usize);
+    let (write, read) = (
+        Request::new(OpCode::Write, local.addr(), remote.addr(), W),
+        Request::new(OpCode::Read, local.addr(), remote.addr(), R),
+    );
+    let addr = target.metrics_addr().unwrap();
+    let served = |body: &str| {
+        let m = parse(body);
+        let get = |name: &str| m.get(&format!("{name}{{transport=\"tcp\"}}")).copied();
+        (
+            get("mooncake_te_served_bytes_written_total").unwrap() as u64,
+            get("mooncake_te_served_bytes_read_total").unwrap() as u64,
+        )
+    };
+    let mut seen = Vec::new();
+    std::thread::scope(|s| {
+        let worker = s.spawn(|| {
+            for _ in 0..ROUNDS {
+                // SAFETY: both buffers outlive the calls.
+                unsafe { initiator.transfer_sync(&seg, &[write, read]) }.unwrap();
+            }
+            let bad = Request::new(OpCode::Write, local.addr(), remote.addr() + (1 << 40), 16);
+            // SAFETY: as above.
+            assert!(unsafe { initiator.transfer_sync(&seg, &[bad]) }.is_err());
+        });
+        while !worker.is_finished() {
+            seen.push(served(&scrape(addr, "GET /metrics HTTP/1.1\r\n\r\n").1));
+        }
+        worker.join().unwrap();
+    });
+    assert!(
+        seen.windows(2)
+            .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1),
+        "served counters went down: {seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|&(w, r)| w <= ROUNDS * W && r <= ROUNDS * R),
+        "{seen:?}"
+    );
+    // The last status left the target just before it counted: wait for the count.
+    let want = (ROUNDS * W, ROUNDS * R);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut last = served(&scrape(addr, "GET /metrics HTTP/1.1\r\n\r\n").1);
+    while last != want && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        last = served(&scrape(addr, "GET /metrics HTTP/1.1\r\n\r\n").1);
+    }
+    assert_eq!(last, want, "{seen:?}");
+    let mid = seen.iter().filter(|&&s| s != (0, 0) && s != want).count();
+    assert!(mid >= 1, "no scrape saw a transfer in progress: {seen:?}");
+    // The initiator served nothing; the target initiated nothing.
+    let i = tcp_metrics(&initiator);
+    assert_eq!(
+        (
+            i.connections.served_bytes_written,
+            i.connections.served_bytes_read
+        ),
+        (0, 0)
+    );
+    assert_eq!(i.counters.bytes_written, want.0);
+    assert_eq!(tcp_metrics(&target).counters.requests, 0);
 }

@@ -212,6 +212,10 @@ fn moves_bytes(hcas: &[String]) {
     b.buf.write_at(1 << 21, &back).unwrap();
     a.transfer(&b, OpCode::Read, 1 << 21, 1 << 20).unwrap();
     assert_eq!(a.buf.read_at(1 << 21, 1 << 20).unwrap(), back);
+    // Nothing failed: endpoints set up (at least one), none rebuilt, nothing retried.
+    let c = a.t.counters();
+    assert!(c.connects >= 1, "{c:?}");
+    assert_eq!((c.reconnects, c.retries), (0, 0), "{c:?}");
 }
 
 /// Needs real RDMA hardware (and the system's libibverbs, or `MC_IBVERBS_PATH`):
@@ -245,6 +249,12 @@ fn child_with_injected_errors() {
         "ok" => {
             got.unwrap();
             assert_eq!(b.buf.read_at(0, data.len()).unwrap(), data);
+            // The failed slice went out again, on queue pairs set up anew: the metrics
+            // see a retry and a reconnect besides the first connect.
+            let c = a.t.counters();
+            assert!(c.retries >= 1, "{c:?}");
+            assert!(c.reconnects >= 1, "{c:?}");
+            assert!(c.connects > c.reconnects, "{c:?}");
         }
         "rejected" => {
             let err = got.unwrap_err();

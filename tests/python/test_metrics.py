@@ -4,6 +4,7 @@ and the Prometheus endpoint that ``MC_METRICS_PORT`` opens."""
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -53,6 +54,17 @@ def test_get_metrics_counts_transfers_per_transport_and_peer(monkeypatch):
     peer = m["peers"][target_name]
     assert (peer["bytes_written"], peer["bytes_read"], peer["requests"]) == (4096, 1024, 3)
     assert target.get_metrics()["peers"] == {}
+    # The target side: what the initiator moved, served by the target's TCP data server
+    # (the rejected write served nothing). Counted just after the status is sent: poll.
+    deadline = time.monotonic() + 5
+    while True:
+        served = target.get_metrics()["transports"]["tcp"]
+        got = (served["served_bytes_written"], served["served_bytes_read"])
+        if got == (4096, 1024) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert got == (4096, 1024)
+    assert (tcp["served_bytes_written"], tcp["served_bytes_read"]) == (0, 0)
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()

@@ -201,7 +201,9 @@ class TransferEngine:
                   "requests": int,                           # finished, completed or failed
                   "failures": {kind: int},  # peer_unreachable, peer_lost, address_rejected,
                                             # protocol, local_not_registered, timeout, canceled
-                  "connects": int, "reconnects": int, "retries": int,  # TCP only; 0 elsewhere
+                  "connects": int, "reconnects": int, "retries": int,  # TCP, RDMA; IPC: connects
+                  "served_bytes_read": int,      # peers read from / wrote into our memory
+                  "served_bytes_written": int,   # (TCP only: RDMA and IPC bypass our threads)
                   "request_latency": {"count": int, "sum_seconds": float},
                   "batch_latency": {"count": int, "sum_seconds": float},
                 },

@@ -365,6 +365,7 @@ impl TransferEngine {
     /// `MC_TE_FILTERS` and `device_name` as `initialize` narrows it.
     pub fn local_topology(&self, device_name: &str) -> Result<String, EngineError> {
         let topo = crate::topology::local(&self.inner.config, device_name)
+            .map_err(|reason| crate::transport::select::Refusal::Topology { reason })
             .map_err(crate::transport::TransportError::Refused)?;
         Ok(crate::topology::to_json(&topo.matrix))
     }
@@ -704,20 +705,19 @@ impl Inner {
         let bytes: u64 = requests.iter().map(|r| r.len).sum();
         let budget = self.config.transfer_timeout + Duration::from_nanos(bytes);
         let batch = BatchState::new(&counts, budget);
-        let infos = requests
-            .iter()
-            .zip(&plan)
-            .map(|(r, p)| RequestInfo {
+        // `bench-no-metrics` (a build for the metrics-overhead A/B only) records nothing.
+        if cfg!(not(feature = "bench-no-metrics")) {
+            let infos = requests.iter().zip(&plan).map(|(r, p)| RequestInfo {
                 transport: u8::try_from(p.2).unwrap_or(u8::MAX),
                 read: r.op == OpCode::Read,
                 len: r.len,
-            })
-            .collect();
-        batch.set_recorder(self.metrics.recorder(
-            seg.peer_metrics.clone(),
-            transports.iter().map(|t| t.protocol()),
-            infos,
-        ));
+            });
+            batch.set_recorder(self.metrics.recorder(
+                seg.peer_metrics.clone(),
+                transports.iter().map(|t| t.protocol()),
+                infos,
+            ));
+        }
         for &i in &unknown {
             let r = &requests[i];
             batch.task_failed(

@@ -39,8 +39,8 @@ pub enum TransportError {
     },
     /// The requested transports cannot be started: why (protocol not served, RDMA
     /// required by `MC_FORCE_HCA` but unusable, a bad `MC_CUSTOM_TOPO_JSON`, ...).
-    #[error("{0}")]
-    Refused(String),
+    #[error(transparent)]
+    Refused(#[from] select::Refusal),
     /// Memory could not be registered with the transport's devices.
     #[error("cannot register {addr:#x}+{len} for {protocol}: {reason}")]
     Register {
@@ -128,10 +128,11 @@ pub fn start(
         match ipc::IpcTransport::start(memory.clone(), config, session_id, &control) {
             Ok(t) => out.push(Arc::new(t)),
             Err(why) if plan.ipc => {
-                return Err(TransportError::Refused(format!(
-                    "protocol {:?} needs same-host GPU IPC, which cannot start: {why}",
-                    request.protocol
-                )))
+                return Err(select::Refusal::GpuUnavailable {
+                    protocol: request.protocol.clone(),
+                    reason: format!("same-host GPU IPC cannot start: {why}"),
+                }
+                .into())
             }
             Err(why) => {
                 let w = format!("same-host GPU IPC is unavailable: {why}");
@@ -145,9 +146,10 @@ pub fn start(
         match rdma_transport(rdma, session_id, config) {
             Ok(t) => out.push(t),
             Err(why) if config.force_hca => {
-                return Err(TransportError::Refused(format!(
-                    "MC_FORCE_HCA=1 but the RDMA transport cannot start: {why}"
-                )))
+                return Err(select::Refusal::RdmaRequired {
+                    reason: format!("the RDMA transport cannot start: {why}"),
+                }
+                .into())
             }
             Err(why) => {
                 let w = format!("falling back to TCP: the RDMA transport cannot start: {why}");
@@ -173,7 +175,7 @@ pub fn plan(
     let topology = match probing {
         true => Some(
             crate::topology::local(config, &request.device_name)
-                .map_err(TransportError::Refused)?,
+                .map_err(|reason| select::Refusal::Topology { reason })?,
         ),
         false => None,
     };

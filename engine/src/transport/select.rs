@@ -16,6 +16,8 @@
 //! `MC_FORCE_TCP` turns `"rdma"`, `""` and the IPC protocols into TCP alone, with no
 //! probing, and wins over `MC_FORCE_HCA` (it is the switch for bisecting RDMA problems).
 
+use thiserror::Error;
+
 use crate::device::Vendor;
 use crate::topology::{Discovered, HcaChoice, Topology};
 
@@ -130,6 +132,65 @@ const UNSERVED: &[(&str, &str)] = &[
 
 const SERVED: &str = "this engine serves \"tcp\", \"rdma\", \"\" (automatic: RDMA when an HCA is usable, else TCP), and \"nvlink_intra\" / \"musa\" where a GPU runtime with devices is present";
 
+/// Why `initialize` refuses to start the transports it was asked for: what was refused,
+/// why, and ([`hint`](Self::hint)) what helps. Callers tell refusals apart by variant,
+/// never by wording.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Refusal {
+    /// A protocol upstream knows that this engine does not serve.
+    #[error("protocol {protocol:?} ({what}) is not served by this engine; {SERVED}")]
+    ProtocolNotServed {
+        /// The protocol asked for.
+        protocol: String,
+        /// What it is.
+        what: &'static str,
+    },
+    /// A protocol nobody knows (a typo?).
+    #[error("unknown protocol {protocol:?}; {SERVED}")]
+    UnknownProtocol {
+        /// The protocol asked for.
+        protocol: String,
+    },
+    /// `MC_FORCE_HCA` requires RDMA, and RDMA cannot be used or started.
+    #[error("MC_FORCE_HCA is set but RDMA cannot be used: {reason}")]
+    RdmaRequired {
+        /// What is missing.
+        reason: String,
+    },
+    /// A same-host GPU IPC protocol, without a GPU runtime that can serve it.
+    #[error("protocol {protocol:?} moves GPU memory between processes of this host, but {reason}")]
+    GpuUnavailable {
+        /// The protocol asked for.
+        protocol: String,
+        /// What is missing.
+        reason: String,
+    },
+    /// The HCA topology cannot be read (an unreadable `MC_CUSTOM_TOPO_JSON`).
+    #[error("{reason}")]
+    Topology {
+        /// What is wrong, naming the file.
+        reason: String,
+    },
+}
+
+impl Refusal {
+    /// The `MC_*` variable or `mooncake-doctor` check that helps.
+    pub fn hint(&self) -> &'static str {
+        match self {
+            Self::ProtocolNotServed { .. } | Self::UnknownProtocol { .. } => {
+                "initialize's protocol must be \"tcp\", \"rdma\", \"\" (automatic), \"nvlink_intra\" or \"musa\""
+            }
+            Self::RdmaRequired { .. } => {
+                "mooncake-doctor (rdma.* and decision checks) says what is missing; unset MC_FORCE_HCA to allow the TCP fallback, MC_TE_FILTERS names the HCAs"
+            }
+            Self::GpuUnavailable { .. } => {
+                "mooncake-doctor (gpu.runtime) lists the runtime libraries tried; MC_GPU_RUNTIME picks the runtime, MC_MUSART_PATH / MC_CUDART_PATH its file"
+            }
+            Self::Topology { .. } => "fix or unset MC_CUSTOM_TOPO_JSON",
+        }
+    }
+}
+
 /// Whether the decision for `protocol` needs the verbs library and the HCA topology.
 /// When false the caller must not load verbs nor read sysfs for HCAs.
 pub fn probes_rdma(protocol: &str, force_tcp: bool) -> bool {
@@ -137,16 +198,19 @@ pub fn probes_rdma(protocol: &str, force_tcp: bool) -> bool {
 }
 
 /// Decides the transports. An error is the reason `initialize` fails.
-pub fn decide(inp: &Inputs<'_>) -> Result<Plan, String> {
+pub fn decide(inp: &Inputs<'_>) -> Result<Plan, Refusal> {
     let p = inp.protocol;
     if let Some((_, what)) = UNSERVED.iter().find(|(name, _)| *name == p) {
-        return Err(format!(
-            "protocol {p:?} ({what}) is not served by this engine; {SERVED}"
-        ));
+        return Err(Refusal::ProtocolNotServed {
+            protocol: p.to_string(),
+            what,
+        });
     }
     let known = matches!(p, "tcp" | "rdma" | "" | "nvlink_intra" | "musa");
     if !known {
-        return Err(format!("unknown protocol {p:?}; {SERVED}"));
+        return Err(Refusal::UnknownProtocol {
+            protocol: p.to_string(),
+        });
     }
     let mut plan = Plan::tcp();
     if inp.force_tcp {
@@ -175,12 +239,18 @@ pub fn decide(inp: &Inputs<'_>) -> Result<Plan, String> {
     }
 }
 
-fn decide_ipc(p: &str, gpu: &GpuPresence, mut plan: Plan) -> Result<Plan, String> {
+fn decide_ipc(p: &str, gpu: &GpuPresence, mut plan: Plan) -> Result<Plan, Refusal> {
+    let refuse = |reason: String| {
+        Err(Refusal::GpuUnavailable {
+            protocol: p.to_string(),
+            reason,
+        })
+    };
     match gpu {
         GpuPresence::Runtime { vendor, devices } if *devices > 0 => {
             if p == "musa" && *vendor != Vendor::Musa {
-                return Err(format!(
-                    "protocol \"musa\" needs the MUSA runtime, but the loaded GPU runtime is {vendor} (MC_GPU_RUNTIME selects it)"
+                return refuse(format!(
+                    "it needs the MUSA runtime, and the loaded GPU runtime is {vendor} (MC_GPU_RUNTIME selects it)"
                 ));
             }
             plan.ipc = true;
@@ -189,16 +259,14 @@ fn decide_ipc(p: &str, gpu: &GpuPresence, mut plan: Plan) -> Result<Plan, String
             ));
             Ok(plan)
         }
-        GpuPresence::Runtime { vendor, .. } => Err(format!(
-            "protocol {p:?} moves GPU memory between processes of this host, but the {vendor} runtime reports no device"
-        )),
-        GpuPresence::Absent(why) => Err(format!(
-            "protocol {p:?} moves GPU memory between processes of this host, but no GPU runtime is loaded: {why}"
-        )),
+        GpuPresence::Runtime { vendor, .. } => {
+            refuse(format!("the {vendor} runtime reports no device"))
+        }
+        GpuPresence::Absent(why) => refuse(format!("no GPU runtime is loaded: {why}")),
     }
 }
 
-fn decide_rdma(inp: &Inputs<'_>, mut plan: Plan) -> Result<Plan, String> {
+fn decide_rdma(inp: &Inputs<'_>, mut plan: Plan) -> Result<Plan, Refusal> {
     let auto = inp.protocol.is_empty();
     let usable = rdma_usable(inp, &mut plan.warnings);
     let memlock_low = inp.memlock.too_low();
@@ -210,9 +278,7 @@ fn decide_rdma(inp: &Inputs<'_>, mut plan: Plan) -> Result<Plan, String> {
                     limit >> 10
                 );
                 if inp.force_hca {
-                    return Err(format!(
-                        "MC_FORCE_HCA is set but RDMA cannot be used: {msg}"
-                    ));
+                    return Err(Refusal::RdmaRequired { reason: msg });
                 }
                 plan.warnings.push(msg);
             }
@@ -239,10 +305,9 @@ fn decide_rdma(inp: &Inputs<'_>, mut plan: Plan) -> Result<Plan, String> {
         }
         Err(missing) => {
             if inp.force_hca {
-                return Err(format!(
-                    "MC_FORCE_HCA is set but RDMA cannot be used: {}",
-                    missing.reason
-                ));
+                return Err(Refusal::RdmaRequired {
+                    reason: missing.reason,
+                });
             }
             if auto && !missing.hca_present {
                 plan.notes.push(format!(

@@ -345,6 +345,16 @@ pub fn ipc_counts(e: &TransferEngine) -> (u64, u64, u64) {
     )
 }
 
+/// What the IPC transport reports to the metrics.
+pub fn ipc_metrics(e: &TransferEngine) -> transfer_engine::metrics::TransportCounters {
+    e.metrics()
+        .transports
+        .into_iter()
+        .find(|t| t.protocol == "nvlink_intra" || t.protocol == "musa")
+        .expect("the IPC transport has metrics")
+        .connections
+}
+
 pub fn sync(e: &TransferEngine, seg: &str, reqs: &[Request]) {
     // SAFETY: every local buffer of the requests is test-owned and outlives the call.
     unsafe { e.transfer_sync(seg, reqs) }.unwrap();
@@ -432,6 +442,8 @@ pub fn device_to_device_goes_over_ipc(vendor: Vendor) {
         (2, 0, 2),
         "handles cached over many requests"
     );
+    let c = ipc_metrics(&e);
+    assert_eq!((c.connects, c.reconnects, c.retries), (2, 0, 0), "{c:?}");
 }
 
 /// Host memory on either side keeps the TCP path, and works.
@@ -677,6 +689,8 @@ pub fn unregister_revokes_peer_mappings(vendor: Vendor) {
     sync(&e, &seg, &[Request::new(OpCode::Write, src2, peer.b, LEN)]);
     assert_eq!(peer.hash(peer.b, LEN), fnv(&second));
     assert_eq!(ipc_counts(&e), (2, 1, 1), "the allocation opened again");
+    let c = ipc_metrics(&e);
+    assert_eq!((c.connects, c.reconnects, c.retries), (2, 1, 0), "{c:?}");
     assert_eq!(peer.hash(peer.a, LEN), fnv(&first), "a untouched");
     // Again, with the unregistration racing a stream of writes: whatever happens to the
     // writes, nothing lands in b once unregister has returned.

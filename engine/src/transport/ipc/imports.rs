@@ -126,6 +126,8 @@ pub(super) struct Imports {
     ipc: Arc<IpcRuntime>,
     peers: Mutex<HashMap<String, PeerMaps>>,
     opens: AtomicU64,
+    /// Of `opens`, handles opened again after the peer revoked our mapping of them.
+    reopens: AtomicU64,
     closes: Arc<AtomicU64>,
 }
 
@@ -143,6 +145,7 @@ impl Imports {
             ipc,
             peers: Mutex::new(HashMap::new()),
             opens: AtomicU64::new(0),
+            reopens: AtomicU64::new(0),
             closes: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -190,6 +193,9 @@ impl Imports {
                     };
                     entry.busy.remove(shm);
                     revoked_check(entry, peer, shm)?;
+                    if o.is_ok() && entry.revoked.contains_key(&shm.to_ascii_uppercase()) {
+                        self.reopens.fetch_add(1, Ordering::Relaxed);
+                    }
                     break entry.maps.entry(shm.to_string()).or_insert(o).clone();
                 }
             }
@@ -386,6 +392,12 @@ impl Imports {
     pub fn clear(&self) {
         let all = std::mem::take(&mut *self.peers.lock());
         drop(all);
+    }
+
+    /// Handles opened again after the peer revoked our mapping of them (while the
+    /// revocation is remembered), since start.
+    pub fn reopens(&self) -> u64 {
+        self.reopens.load(Ordering::Relaxed)
     }
 
     /// (handles opened, mappings closed, mappings cached now) since start.

@@ -480,6 +480,18 @@ impl Transport for IpcTransport {
         self.settings.slice_size
     }
 
+    /// Peer handles opened count as connects, those opened again after the peer revoked
+    /// our mapping (memory it unregistered, its allocation still reached through another
+    /// buffer) as reconnects. Nothing corresponds to a retry: a failed copy fails its
+    /// request.
+    fn counters(&self) -> crate::metrics::TransportCounters {
+        crate::metrics::TransportCounters {
+            connects: self.imports.counts().0,
+            reconnects: self.imports.reopens(),
+            ..Default::default()
+        }
+    }
+
     fn post(
         &self,
         segment: &SegmentId,

@@ -58,6 +58,7 @@ use super::{Slice, Transport, TransportError};
 use crate::config::Config;
 use crate::error::TransferError;
 use crate::memory::Region;
+use crate::metrics::ConnectionCounters;
 use crate::wire::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
 use crate::wire::rdma::{format_gid, parse_gid, split_nic_path, ConnectMsg};
 use crate::wire::session::{HostPort, SegmentId};
@@ -269,6 +270,8 @@ pub(crate) struct Shared {
     rr: AtomicUsize,
     /// Last handshake failure per segment, so the engine can look the peer up again.
     dead: Mutex<HashMap<String, (Instant, String)>>,
+    /// Endpoints set up and rebuilt, slices retried over another HCA pair.
+    pub(crate) counters: ConnectionCounters,
 }
 
 /// How long a failed handshake is reported by [`Transport::unreachable`].
@@ -550,6 +553,7 @@ impl RdmaTransport {
             workers: senders,
             rr: AtomicUsize::new(0),
             dead: Mutex::new(HashMap::new()),
+            counters: ConnectionCounters::default(),
         });
         let mut threads = Vec::new();
         for (i, rx) in receivers.into_iter().enumerate() {
@@ -690,6 +694,10 @@ impl Transport for RdmaTransport {
         dead.get(segment.name())
             .filter(|(at, _)| at.elapsed() < DEAD_PEER_HOLD)
             .map(|(_, why)| why.clone())
+    }
+
+    fn counters(&self) -> crate::metrics::TransportCounters {
+        self.shared.counters.snapshot()
     }
 
     fn slice_size(&self) -> u64 {

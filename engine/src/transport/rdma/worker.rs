@@ -5,7 +5,7 @@
 //! `MC_NUM_QP_PER_EP` requests outstanding; the rest wait in the endpoint's queue and go
 //! out as completions free room (backpressure, never rejection).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use super::backend::{Completion, QueuePair, RdmaOp, WcStatus, WorkRequest};
 use super::{setup, Peer, Shared, PROTOCOL};
 use crate::error::TransferError;
 use crate::memory::Abort;
+use crate::metrics::ConnectionCounters;
 use crate::transport::{Held, Slice};
 use crate::wire::tcp::OpCode;
 
@@ -171,6 +172,8 @@ pub(crate) struct Worker {
     stopping: bool,
     /// Recently failed endpoint setups, by path.
     failed_setups: HashMap<String, (Instant, TransferError)>,
+    /// Paths whose endpoint broke and was retired: the next setup there is a reconnect.
+    broken_paths: HashSet<String>,
     wcs: Vec<Completion>,
 }
 
@@ -210,6 +213,7 @@ impl Worker {
             setup_thread,
             stopping: false,
             failed_setups: HashMap::new(),
+            broken_paths: HashSet::new(),
             wcs: Vec::with_capacity(POLL_BATCH),
         }
     }
@@ -392,7 +396,7 @@ impl Worker {
             Some(ep) if !ep.cut.is_broken() => return Some(id),
             Some(ep) => {
                 let queued: Vec<Work> = ep.queue.drain(..).collect();
-                self.by_path.remove(path);
+                self.retire_broken(path);
                 self.reap(id);
                 for w in queued {
                     self.shared.dispatch(w);
@@ -403,6 +407,15 @@ impl Worker {
             }
         }
         None
+    }
+
+    /// The endpoint at `path` broke and leaves: the next one set up there counts as a
+    /// reconnect.
+    fn retire_broken(&mut self, path: &str) {
+        self.by_path.remove(path);
+        if self.broken_paths.len() < MAX_FAILED_SETUPS {
+            self.broken_paths.insert(path.to_string());
+        }
     }
 
     /// Starts setting up the endpoint at `path` for `work`: on the setup thread, so that
@@ -456,6 +469,11 @@ impl Worker {
                         last_batch: 0,
                     },
                 );
+                let counters = &self.shared.counters;
+                ConnectionCounters::add(&counters.connects, 1);
+                if self.broken_paths.remove(&path) {
+                    ConnectionCounters::add(&counters.reconnects, 1);
+                }
                 self.by_path.insert(path, id);
                 for w in waiting {
                     self.handle(w);
@@ -708,7 +726,8 @@ impl Worker {
             if ep.cut.is_broken() {
                 let queued: Vec<Work> = ep.queue.drain(..).collect();
                 if self.by_path.get(&ep.path) == Some(&ep_id) {
-                    self.by_path.remove(&ep.path);
+                    let path = ep.path.clone();
+                    self.retire_broken(&path);
                 }
                 self.reap(ep_id);
                 for w in queued {
@@ -759,6 +778,10 @@ impl Worker {
         }
         work.route.attempt += 1;
         work.route.last_error = Some(err);
+        if work.route.attempt <= self.shared.params.retry_cnt {
+            // It goes out again, over the next HCA pair (an exhausted one fails instead).
+            ConnectionCounters::add(&self.shared.counters.retries, 1);
+        }
         self.shared.dispatch(work);
     }
 }

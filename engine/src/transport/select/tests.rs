@@ -70,7 +70,7 @@ impl Case {
         self
     }
 
-    fn decide(&self) -> Result<Plan, String> {
+    fn decide(&self) -> Result<Plan, Refusal> {
         decide(&Inputs {
             protocol: self.protocol,
             force_tcp: self.force_tcp,
@@ -164,7 +164,13 @@ fn force_hca_without_rdma_is_an_error_naming_what_is_missing() {
     ];
     for (want, mut c) in cases {
         c.force_hca = true;
-        let err = c.decide().unwrap_err();
+        let refusal = c.decide().unwrap_err();
+        assert!(
+            matches!(refusal, Refusal::RdmaRequired { .. }),
+            "{refusal:?}"
+        );
+        assert!(refusal.hint().contains("MC_FORCE_HCA"));
+        let err = refusal.to_string();
         assert!(
             err.starts_with("MC_FORCE_HCA is set but RDMA cannot be used"),
             "{err}"
@@ -219,27 +225,42 @@ fn unserved_and_unknown_protocols_are_errors_naming_them() {
     for p in [
         "nvlink", "hip", "ascend", "barex", "efa", "cxi", "ubshmem", "xgmi",
     ] {
-        let err = Case::new(p).decide().unwrap_err();
+        let refusal = Case::new(p).decide().unwrap_err();
+        assert!(
+            matches!(&refusal, Refusal::ProtocolNotServed { protocol, .. } if protocol == p),
+            "{refusal:?}"
+        );
+        let err = refusal.to_string();
         assert!(
             err.contains(&format!("protocol {p:?}")) && err.contains("not served"),
             "{err}"
         );
     }
-    let err = Case::new("rmda").decide().unwrap_err();
+    let refusal = Case::new("rmda").decide().unwrap_err();
+    assert!(matches!(refusal, Refusal::UnknownProtocol { .. }));
+    assert!(refusal.hint().contains("nvlink_intra"));
+    let err = refusal.to_string();
     assert!(err.contains("unknown protocol \"rmda\""), "{err}");
 }
 
 #[test]
 fn ipc_protocols_need_a_gpu_runtime_with_devices() {
     for p in ["nvlink_intra", "musa"] {
-        let err = Case::new(p).decide().unwrap_err();
+        let refusal = Case::new(p).decide().unwrap_err();
+        assert!(matches!(refusal, Refusal::GpuUnavailable { .. }));
+        assert!(refusal.hint().contains("gpu.runtime"));
+        let err = refusal.to_string();
         assert!(err.contains("no GPU runtime") && err.contains(p), "{err}");
         let mut c = Case::new(p);
         c.gpu = GpuPresence::Runtime {
             vendor: Vendor::Musa,
             devices: 0,
         };
-        assert!(c.decide().unwrap_err().contains("reports no device"));
+        assert!(c
+            .decide()
+            .unwrap_err()
+            .to_string()
+            .contains("reports no device"));
         c.gpu = GpuPresence::Runtime {
             vendor: Vendor::Musa,
             devices: 2,
@@ -252,7 +273,9 @@ fn ipc_protocols_need_a_gpu_runtime_with_devices() {
         vendor: Vendor::Cuda,
         devices: 1,
     };
-    assert!(c.decide().unwrap_err().contains("needs the MUSA runtime"));
+    let refusal = c.decide().unwrap_err();
+    assert!(matches!(refusal, Refusal::GpuUnavailable { .. }));
+    assert!(refusal.to_string().contains("needs the MUSA runtime"));
     c.protocol = "nvlink_intra";
     assert!(c.decide().unwrap().ipc);
 }

@@ -31,24 +31,8 @@ use crate::wire::tcp::{OpCode, RequestHeader, Status, STATUS_LEN};
 /// How long a failed connect keeps failing new slices without retrying.
 const DEAD_PEER_HOLD: Duration = Duration::from_millis(500);
 
-/// Connection counters of every link of one TCP transport (relaxed: only read for metrics).
-#[derive(Debug, Default)]
-pub struct LinkCounters {
-    connects: AtomicU64,
-    reconnects: AtomicU64,
-    retries: AtomicU64,
-}
-
-impl LinkCounters {
-    /// The counters now.
-    pub fn snapshot(&self) -> crate::metrics::TransportCounters {
-        crate::metrics::TransportCounters {
-            connects: self.connects.load(Ordering::Relaxed),
-            reconnects: self.reconnects.load(Ordering::Relaxed),
-            retries: self.retries.load(Ordering::Relaxed),
-        }
-    }
-}
+/// Connection counters of every link (and the data server) of one TCP transport.
+pub use crate::metrics::ConnectionCounters as LinkCounters;
 
 enum LaneMsg {
     Work(Slice),

@@ -63,14 +63,15 @@ impl TcpTransport {
         let listener = net::bind_in_range(ip, min, max, 1024).map_err(io(range.clone()))?;
         let data_port = listener.local_addr().map_err(io(range))?.port();
         crate::device::staging_pool::configure(config);
-        let server = TcpServer::start(listener, memory, config)
+        let counters = Arc::<LinkCounters>::default();
+        let server = TcpServer::start(listener, memory, config, counters.clone())
             .map_err(io("cannot start the TCP data server".into()))?;
         Ok(Self {
             config: config.clone(),
             host: host.to_string(),
             data_port,
             links: Mutex::new(HashMap::new()),
-            counters: Arc::default(),
+            counters,
             _server: server,
         })
     }

@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::conn_limit::ConnLimiter;
 use crate::log_throttle::LogThrottle;
 use crate::memory::{Abort, MemoryRegistry, SocketCut};
+use crate::metrics::ConnectionCounters as LinkCounters;
 use crate::net;
 use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN};
 
@@ -39,17 +40,21 @@ struct Shared {
     idle_timeout: Duration,
     refusal_log: LogThrottle,
     idle_log: LogThrottle,
+    /// Bytes served are counted here (the transport's counters).
+    counters: Arc<LinkCounters>,
 }
 
 impl TcpServer {
     /// Serves `listener` (non-blocking) within the limits of `config`:
     /// `MC_TCP_STATUS_TIMEOUT_SEC` bounds every stalled read or write,
     /// `MC_TCP_SERVER_MAX_CONNECTIONS[_PER_IP]` the connections served at
-    /// once, `MC_TCP_SERVER_IDLE_TIMEOUT` how long one may wait for a request.
+    /// once, `MC_TCP_SERVER_IDLE_TIMEOUT` how long one may wait for a request. Bytes
+    /// served are counted into `counters`.
     pub fn start(
         listener: TcpListener,
         memory: Arc<MemoryRegistry>,
         config: &Config,
+        counters: Arc<LinkCounters>,
     ) -> io::Result<Self> {
         let io_timeout = config.tcp_status_timeout;
         let port = listener.local_addr()?.port();
@@ -66,6 +71,7 @@ impl TcpServer {
             idle_timeout: config.tcp_server_idle_timeout,
             refusal_log: LogThrottle::per_second(),
             idle_log: LogThrottle::per_second(),
+            counters,
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -245,6 +251,7 @@ fn serve(
                     )?;
                 }
             }
+            count_served(&shared.counters, h.opcode, h.size);
             continue;
         }
         let span = pin.span(h.addr, h.size).ok_or_else(|| {
@@ -260,7 +267,16 @@ fn serve(
             }
             OpCode::Read => span.send_to(&stream, status, cut)?,
         }
+        count_served(&shared.counters, h.opcode, h.size);
     }
+}
+
+fn count_served(counters: &LinkCounters, op: OpCode, len: u64) {
+    let counter = match op {
+        OpCode::Write => &counters.served_bytes_written,
+        OpCode::Read => &counters.served_bytes_read,
+    };
+    LinkCounters::add(counter, len);
 }
 
 /// Reads and drops the payload of a rejected write so the connection stays in step.
