@@ -162,7 +162,7 @@ start_registry() {
     mkdir -p "$RUN_DIR/registry"
     cat >"$RUN_DIR/registry.yml" <<EOF
 version: 0.1
-log: { level: warn }
+log: { level: warn, accesslog: { disabled: false } }
 storage:
   filesystem: { rootdirectory: $RUN_DIR/registry }
 http: { addr: "$REG" }
@@ -222,10 +222,15 @@ make_base() {
     buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd python3 "$ctr"
     buildah commit --quiet --rm --timestamp 1700000000 "$ctr" "$base" >/dev/null
     MADE_IMAGES+=("$base")
-    podman push --quiet --tls-verify=false "$base" "docker://$REG/test/base:$SUITE" >&2
+    # zstd, while the builders write gzip: like a vendor's base, compressed otherwise than the
+    # builders would, so a base layer compressed again on the way shows as another digest.
+    podman push --quiet --tls-verify=false --compression-format zstd "$base" "docker://$REG/test/base:$SUITE" >&2
     BASE_DIGEST="$(skopeo inspect --tls-verify=false --format '{{.Digest}}' "docker://$REG/test/base:$SUITE")"
     BASE_IMAGE="$REG/test/base@$BASE_DIGEST"
     BASE_LAYERS="$(skopeo inspect --tls-verify=false --format '{{len .Layers}}' "docker://$BASE_IMAGE")"
+    BASE_BLOBS="$(skopeo inspect --tls-verify=false --raw "docker://$BASE_IMAGE" | jq -c '[.layers[].digest]')"
+    skopeo inspect --tls-verify=false --raw "docker://$BASE_IMAGE" | jq -e '.layers | all(.mediaType | endswith("zstd"))' >/dev/null \
+        || die "the test base was not pushed with zstd layers"
     MADE_IMAGES+=("$BASE_IMAGE")
     log "base $BASE_IMAGE ($BASE_LAYERS layer(s), $(podman image inspect --format '{{.Size}}' "$base" | numfmt --to=iec))"
 }
@@ -430,6 +435,7 @@ PY
     done
     xt verify "$tag" >/dev/null 2>&1 || die "the release directory no longer verifies after recording the images"
     log "xtask images: both pushed and recorded (manifest, sha256.sum, RELEASES.md)"
+    for r in "${RECIPES[@]}"; do expect_base_layers "$r" "${XDIGEST[$r]}"; done
 
     step "xtask images $tag again, with buildah: same digests, nothing pushed"
     cp "$XCLONE/RELEASES.md" "$RUN_DIR/releases-1.md"
@@ -453,6 +459,44 @@ PY
     grep -q "images: vllm-musa: .*pushed, replacing $other (--force)" "$out" || die "--force did not replace:\n$(grep '^images:' "$out")"
     [ "$(registry_digest "$REG/release/vllm-musa:$VERSION")" = "${XDIGEST[vllm-musa]}" ] || die "--force did not restore the build"
     log "xtask images: identical re-run pushes nothing; another digest stops the run; --force replaces it"
+
+    step "the next commit under $tag: its images upload only their own layers"
+    # A new commit (new revision label, new timestamps): new own layers and config, the same
+    # base. The release directory is rebuilt from it (cargo finds nothing to compile).
+    xgit commit --quiet --allow-empty -am "test: the next commit"
+    xgit tag -f "$tag" >/dev/null
+    rm -rf "$dist"
+    (export CARGO_NET_OFFLINE=true PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; xt release "$tag" --dry-run) \
+        >"$RUN_DIR/xtask-release-2.log" 2>&1 || die "the second release --dry-run failed:\n$(tail -40 "$RUN_DIR/xtask-release-2.log")"
+    local seen; seen="$(wc -l <"$RUN_DIR/registry.log")"
+    (export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; xt images "$tag" --force) >"$out" 2>&1 \
+        || die "xtask images of the next commit failed:\n$(tail -40 "$out")"
+    local uploaded; uploaded="$(tail -n +"$((seen + 1))" "$RUN_DIR/registry.log" \
+        | grep -oE '"PUT /v2/[^ ]*/blobs/uploads/[^ ]*' | grep -oE 'digest=sha256(%3A|:)[0-9a-f]{64}' \
+        | sed -E 's/^digest=sha256(%3A|:)/sha256:/' | sort -u)"
+    [ -n "$uploaded" ] || die "no blob upload in the registry's log for the next commit:\n$(tail -n +"$((seen + 1))" "$RUN_DIR/registry.log" | head -20)"
+    local own="" bytes=0 base_bytes d m
+    for r in "${RECIPES[@]}"; do
+        d="$(jq -r --arg r "$r" '.images[$r].digest' "$dist/dist-manifest.json")"
+        [ "$d" != "${XDIGEST[$r]}" ] || die "$r: the next commit built the same image ${XDIGEST[$r]}"
+        expect_base_layers "$r" "$d"
+        m="$(skopeo inspect --tls-verify=false --raw "docker://$REG/release/$r@$d")"
+        own+="$(jq -r --argjson n "$BASE_LAYERS" '(.layers[$n:] + [.config])[] | "\(.digest) \(.size)"' <<<"$m")"$'\n'
+        base_bytes="$(jq --argjson n "$BASE_LAYERS" '[.layers[:$n][].size] | add' <<<"$m")"
+    done
+    for d in $uploaded; do
+        grep -q "^$d " <<<"$own" || die "the next commit uploaded $d, which is not one of its images' own layers or configs (a base layer: $(jq -r --arg d "$d" 'index($d) != null' <<<"$BASE_BLOBS"))"
+        bytes=$((bytes + $(grep -m1 "^$d " <<<"$own" | cut -d' ' -f2)))
+    done
+    log "next commit: uploaded $(wc -w <<<"$uploaded") blob(s), $bytes bytes, all the images' own layers or configs; the base's $BASE_LAYERS layer(s) ($base_bytes bytes) were not uploaded again"
+}
+
+# expect_base_layers RECIPE DIGEST: the pushed image's first layers are the base's blobs.
+expect_base_layers() {
+    local got
+    got="$(skopeo inspect --tls-verify=false --raw "docker://$REG/release/$1@$2" | jq -c --argjson n "$BASE_LAYERS" '[.layers[:$n][].digest]')"
+    [ "$got" = "$BASE_BLOBS" ] || die "$1@$2: its first layers are $got, not the base's $BASE_BLOBS"
+    log "$1@$2: its first $BASE_LAYERS layer(s) are the base's, by digest"
 }
 
 offline_phase() {

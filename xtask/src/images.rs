@@ -145,125 +145,214 @@ pub fn build_and_push(
         checksums::file_name(&wheel)?
     );
 
+    let job = ImageJob {
+        sh,
+        ws,
+        source,
+        wheel: &wheel,
+        wheel_sha256: &wheel_sha256,
+        builder: plan.builder,
+        force,
+    };
     let mut records = BTreeMap::new();
     for image in &plan.images {
-        let record = build_one(
-            sh,
-            ws,
-            source,
-            &wheel,
-            &wheel_sha256,
-            image,
-            plan.builder,
-            force,
-        )
-        .with_context(|| format!("image {}", image.recipe.name))?;
+        let record = job
+            .build_one(image)
+            .with_context(|| format!("image {}", image.recipe.name))?;
         records.insert(image.recipe.name.clone(), record);
     }
     Ok(records)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build_one(
-    sh: &Shell,
-    ws: &Workspace,
-    source: &Source,
-    wheel: &Path,
-    wheel_sha256: &str,
-    image: &Planned,
+/// What every image of one run shares: the release, its wheel and how to build and push.
+struct ImageJob<'a> {
+    sh: &'a Shell,
+    ws: &'a Workspace,
+    source: &'a Source,
+    wheel: &'a Path,
+    wheel_sha256: &'a str,
     builder: Builder,
     force: bool,
-) -> anyhow::Result<ManifestImage> {
-    let name = &image.recipe.name;
-    let work = ws.scratch_dir().join("images").join(name);
-    let context = work.join("context");
-    stage_context(sh, ws, image, wheel, &context)?;
+}
 
-    let wheel_name = checksums::file_name(wheel)?;
-    let source_url = format!("https://github.com/{}", ws.config.github.repository);
-    let base_by_digest = image.base.by_digest().unwrap_or_default();
-    let spec = BuildSpec {
-        context: &context,
-        build_args: vec![
-            ("BASE_IMAGE", base_by_digest.clone()),
-            ("BASE_DIGEST", image.base_digest.clone()),
-            ("VERSION", source.version.clone()),
-            ("REVISION", source.commit.clone()),
-            ("WHEEL", wheel_name),
-            ("WHEEL_SHA256", wheel_sha256.to_owned()),
-            ("DISTRIBUTION", ws.config.distribution.clone()),
-            ("SOURCE", source_url.clone()),
-        ],
-        timestamp: source.commit_time,
-        insecure_base: image.base.is_loopback(),
-        local_name: format!("localhost/xtask-{name}:{}", source.version),
-        layout: &work.join("oci"),
-        layout_tag: &source.version,
-    };
-    eprintln!(
-        "images: building {name} from {base_by_digest} ({})",
-        builder.name()
-    );
-    builder.build(sh, &spec)?;
-    let built = oci_layout::read(spec.layout, spec.layout_tag)?;
-    check_labels(
-        &built.labels,
-        &[
-            (LABEL_REVISION, &source.commit),
-            (LABEL_VERSION, &source.version),
-            (LABEL_BASE_DIGEST, &image.base_digest),
-            (LABEL_SOURCE, &source_url),
-            (LABEL_WHEEL_SHA256, wheel_sha256),
-        ],
-    )?;
+/// One image on its way: where it is built, and the result so far.
+struct Built {
+    work: PathBuf,
+    layout: PathBuf,
+    image: oci_layout::LayoutImage,
+    /// The base's platform image, `name@digest`: its blobs must be in the target repository.
+    base: String,
+}
 
-    let target = ws.config.images.target(&image.recipe, &source.version)?;
-    let target_tag = target.to_string();
-    let action = match registry::resolve(sh, &target_tag)? {
-        Some(there) if there == built.digest => {
-            "already there (same digest), nothing pushed".to_owned()
-        }
-        Some(there) if !force => bail!(
-            "{target_tag} already holds {there}, but this build of {name} is {}: not overwriting. \
-             A release's images must not change under its tag; find out why the build differs \
-             (base, wheel, recipe). Re-run with --force only to replace the image deliberately.",
-            built.digest
-        ),
-        there => {
-            let pushed = registry::push_layout(
-                sh,
-                spec.layout,
-                spec.layout_tag,
-                built.is_index,
-                &target_tag,
-                &work.join("pushed.digest"),
-            )?;
-            // The tag must now name this build: what skopeo wrote, and what the registry serves.
-            let now = registry::resolve(sh, &target_tag)?;
-            if pushed != built.digest || now.as_deref() != Some(built.digest.as_str()) {
-                bail!(
-                    "{target_tag}: pushed {pushed}, the registry serves {}, the build is {}",
-                    now.as_deref().unwrap_or("nothing"),
-                    built.digest
-                );
+impl ImageJob<'_> {
+    /// Build, check the labels, name the base's layers by the base's digests, push unless the
+    /// registry already has this digest, and drop the scratch copy.
+    fn build_one(&self, image: &Planned) -> anyhow::Result<ManifestImage> {
+        let work = self
+            .ws
+            .scratch_dir()
+            .join("images")
+            .join(&image.recipe.name);
+        let mut built = self.build(image, work)?;
+        self.check_labels(image, &built)?;
+        self.adopt_base_layers(image, &mut built)?;
+        let target = self
+            .ws
+            .config
+            .images
+            .target(&image.recipe, &self.source.version)?;
+        let action = self.push(image, &built, &target)?;
+        eprintln!(
+            "images: {}: {}@{}: {action}",
+            image.recipe.name, target.name, built.image.digest
+        );
+        // A serving image is tens of GB: do not keep a second copy once the registry has it.
+        fs::remove_dir_all(&built.work)
+            .with_context(|| format!("cannot remove the scratch copy {}", built.work.display()))?;
+        Ok(ManifestImage {
+            reference: target.to_string(),
+            digest: built.image.digest,
+            base: image.base.to_string(),
+            recipe: image.recipe.recipe.clone(),
+            wheel_sha256: self.wheel_sha256.to_owned(),
+        })
+    }
+
+    fn source_url(&self) -> String {
+        format!("https://github.com/{}", self.ws.config.github.repository)
+    }
+
+    /// Stages the context and builds into an OCI layout under `work`.
+    fn build(&self, image: &Planned, work: PathBuf) -> anyhow::Result<Built> {
+        let (source, name) = (self.source, &image.recipe.name);
+        let context = work.join("context");
+        stage_context(self.sh, self.ws, image, self.wheel, &context)?;
+        let base_by_digest = image.base.by_digest().unwrap_or_default();
+        let layout = work.join("oci");
+        let spec = BuildSpec {
+            context: &context,
+            build_args: vec![
+                ("BASE_IMAGE", base_by_digest.clone()),
+                ("BASE_DIGEST", image.base_digest.clone()),
+                ("VERSION", source.version.clone()),
+                ("REVISION", source.commit.clone()),
+                ("WHEEL", checksums::file_name(self.wheel)?),
+                ("WHEEL_SHA256", self.wheel_sha256.to_owned()),
+                ("DISTRIBUTION", self.ws.config.distribution.clone()),
+                ("SOURCE", self.source_url()),
+            ],
+            timestamp: source.commit_time,
+            insecure_base: image.base.is_loopback(),
+            local_name: format!("localhost/xtask-{name}:{}", source.version),
+            layout: &layout,
+            layout_tag: &source.version,
+        };
+        eprintln!(
+            "images: building {name} from {base_by_digest} ({})",
+            self.builder.name()
+        );
+        self.builder.build(self.sh, &spec)?;
+        let built = oci_layout::read(&layout, &source.version)?;
+        Ok(Built {
+            work,
+            layout,
+            image: built,
+            base: base_by_digest,
+        })
+    }
+
+    fn check_labels(&self, image: &Planned, built: &Built) -> anyhow::Result<()> {
+        let source = self.source;
+        check_labels(
+            &built.image.labels,
+            &[
+                (LABEL_REVISION, &source.commit),
+                (LABEL_VERSION, &source.version),
+                (LABEL_BASE_DIGEST, &image.base_digest),
+                (LABEL_SOURCE, &self.source_url()),
+                (LABEL_WHEEL_SHA256, self.wheel_sha256),
+            ],
+        )
+    }
+
+    /// The builders compress the base's layers again on the way into the layout; point the
+    /// manifest at the base's own blobs instead, so pushes and pulls reuse them.
+    fn adopt_base_layers(&self, image: &Planned, built: &mut Built) -> anyhow::Result<()> {
+        let (_, arch) = self.ws.config.baseline.manylinux()?;
+        let base = registry::fetch_image(
+            self.sh,
+            &image.base.name,
+            &image.base_digest,
+            oci_arch(&arch),
+        )?;
+        let tag = &self.source.version;
+        let adopted =
+            oci_layout::adopt_base_layers(&built.layout, tag, &base.manifest, &base.config)?;
+        built.image = oci_layout::read(&built.layout, tag)?;
+        built.base = base.reference;
+        eprintln!(
+            "images: {}: the first {} layer(s) are the base's blobs ({} compressed again by {} \
+             and replaced)",
+            image.recipe.name,
+            adopted.base_layers,
+            adopted.replaced,
+            self.builder.name()
+        );
+        Ok(())
+    }
+
+    /// Compares with what the target tag holds; pushes (base blobs first) when it holds
+    /// nothing, or another digest and `--force`. Returns what was done.
+    fn push(&self, image: &Planned, built: &Built, target: &ImageRef) -> anyhow::Result<String> {
+        let sh = self.sh;
+        let target_tag = target.to_string();
+        let digest = &built.image.digest;
+        let there = match registry::resolve(sh, &target_tag)? {
+            Some(there) if there == *digest => {
+                return Ok("already there (same digest), nothing pushed".to_owned())
             }
-            match there {
-                Some(old) => format!("pushed, replacing {old} (--force)"),
-                None => "pushed".to_owned(),
-            }
+            Some(there) if !self.force => bail!(
+                "{target_tag} already holds {there}, but this build of {} is {digest}: not \
+                 overwriting. A release's images must not change under its tag; find out why \
+                 the build differs (base, wheel, recipe). Re-run with --force only to replace \
+                 the image deliberately.",
+                image.recipe.name
+            ),
+            there => there,
+        };
+        // The layout holds only the image's own layers: the base's blobs go into the target
+        // repository first, copied as they are (a blob the repository has is not uploaded).
+        registry::copy_by_digest(sh, &built.base, &target.name)?;
+        let pushed = registry::push_layout(
+            sh,
+            &built.layout,
+            &self.source.version,
+            built.image.is_index,
+            &target_tag,
+            &built.work.join("pushed.digest"),
+        )?;
+        // The tag must now name this build: what skopeo wrote, and what the registry serves.
+        let now = registry::resolve(sh, &target_tag)?;
+        if pushed != *digest || now.as_deref() != Some(digest.as_str()) {
+            bail!(
+                "{target_tag}: pushed {pushed}, the registry serves {}, the build is {digest}",
+                now.as_deref().unwrap_or("nothing")
+            );
         }
-    };
-    eprintln!("images: {name}: {}@{}: {action}", target.name, built.digest);
-    // A serving image is tens of GB: do not keep a second copy once the registry has it.
-    fs::remove_dir_all(&work)
-        .with_context(|| format!("cannot remove the scratch copy {}", work.display()))?;
-    Ok(ManifestImage {
-        reference: target_tag,
-        digest: built.digest,
-        base: image.base.to_string(),
-        recipe: image.recipe.recipe.clone(),
-        wheel_sha256: wheel_sha256.to_owned(),
-    })
+        Ok(match there {
+            Some(old) => format!("pushed, replacing {old} (--force)"),
+            None => "pushed".to_owned(),
+        })
+    }
+}
+
+/// The OCI architecture name of a wheel's machine (`x86_64` -> `amd64`).
+fn oci_arch(machine: &str) -> &str {
+    match machine {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
 }
 
 /// The context: the recipe's files, the install script, the wheel, and the recipe's

@@ -115,7 +115,9 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
     assert!(names.iter().any(|n| n.ends_with(".cdx.json")), "{names:?}");
     eprintln!("wheel {wheel}: {} bytes", wheel_bytes.len());
     // Issue 15 aims at 2 MB: 1.2 MB stripped before the etcd store's client (tokio, tonic,
-    // prost) came in; about 2.3 MB with it. The bound catches an unstripped wheel (12 MB).
+    // prost) came in; about 2.3 MB with it; the stripped extension alone deflates to 2.74 MB
+    // with the release profile at 42456f2, 2.58 MB with `[profile.wheel]` (fat LTO). Still
+    // over 2 MB: see xtask/README.md "Wheel size". The bound catches an unstripped wheel (12 MB).
     assert!(wheel_bytes.len() < 3_000_000, "{} bytes", wheel_bytes.len());
     let manifest: serde_json::Value = serde_json::from_slice(
         &fa.iter()

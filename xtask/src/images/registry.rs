@@ -69,6 +69,76 @@ pub fn push_layout(
     Ok(digest)
 }
 
+/// One platform's image as the registry serves it: what the base's layers are checked against.
+#[derive(Debug, Clone)]
+pub struct RemoteImage {
+    /// `name@sha256:...` of the single-platform manifest.
+    pub reference: String,
+    pub manifest: Vec<u8>,
+    pub config: Vec<u8>,
+}
+
+/// The manifest and config of `name@digest`; an index (multi-platform) is resolved to its
+/// `linux/<arch>` image.
+pub fn fetch_image(
+    sh: &Shell,
+    name: &str,
+    digest: &str,
+    arch: &str,
+) -> anyhow::Result<RemoteImage> {
+    let mut reference = format!("{name}@{digest}");
+    let mut manifest = inspect_raw(sh, &reference, false)?;
+    let top: serde_json::Value = serde_json::from_slice(&manifest)
+        .with_context(|| format!("{reference}: the registry's manifest is not JSON"))?;
+    if let Some(entries) = top["manifests"].as_array() {
+        let platform = entries
+            .iter()
+            .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch)
+            .and_then(|m| m["digest"].as_str())
+            .with_context(|| format!("{reference} is an index without a linux/{arch} image"))?;
+        reference = format!("{name}@{platform}");
+        manifest = inspect_raw(sh, &reference, false)?;
+    }
+    let got = format!("sha256:{}", sha256_bytes(&manifest));
+    if !reference.ends_with(&got) {
+        bail!("{reference}: the registry served a manifest with digest {got}");
+    }
+    let config = inspect_raw(sh, &reference, true)?;
+    Ok(RemoteImage {
+        reference,
+        manifest,
+        config,
+    })
+}
+
+fn inspect_raw(sh: &Shell, reference: &str, config: bool) -> anyhow::Result<Vec<u8>> {
+    let tls = tls_flag("", reference);
+    let url = format!("docker://{reference}");
+    let config = config.then_some("--config");
+    let out = cmd!(sh, "skopeo inspect --raw {config...} {tls} {url}")
+        .quiet()
+        .output()
+        .with_context(|| format!("cannot read {url} from its registry"))?;
+    Ok(out.stdout)
+}
+
+/// Copies `src` (`name@digest`) into the repository `dest_name` under the same digest, blobs
+/// byte for byte; blobs the repository already has are not uploaded again.
+pub fn copy_by_digest(sh: &Shell, src: &str, dest_name: &str) -> anyhow::Result<()> {
+    let (_, digest) = src
+        .split_once('@')
+        .with_context(|| format!("{src} is not a reference by digest"))?;
+    let dest = format!("{dest_name}@{digest}");
+    let (src_tls, dest_tls) = (tls_flag("src-", src), tls_flag("dest-", &dest));
+    let (from, to) = (format!("docker://{src}"), format!("docker://{dest}"));
+    cmd!(
+        sh,
+        "skopeo copy --quiet --preserve-digests {src_tls} {dest_tls} {from} {to}"
+    )
+    .run()
+    .with_context(|| format!("cannot copy {src} to {dest}"))
+}
+
 /// Logs in to `host` for this process's skopeo calls (credentials through stdin, never argv).
 pub fn login(sh: &Shell, host: &str, username: &str, password: &str) -> anyhow::Result<()> {
     let tls = tls_flag("", host);

@@ -24,6 +24,9 @@ use crate::source::{self, Source};
 use crate::version::dist_file_stem;
 use crate::Workspace;
 
+/// The cargo profile of the release wheel (workspace Cargo.toml `[profile.wheel]`: fat LTO).
+pub const WHEEL_PROFILE: &str = "wheel";
+
 /// The lock file of the Python build tools (maturin, auditwheel), with hashes.
 pub const BUILD_REQUIREMENTS: &str = "xtask/requirements-build.txt";
 
@@ -48,6 +51,8 @@ pub struct BuildSettings {
     pub target_arch: String,
     pub path_prefixes_remapped_to: Vec<String>,
     pub cargo_locked: bool,
+    /// The cargo profile of the extension ([`WHEEL_PROFILE`]).
+    pub cargo_profile: String,
     pub maturin_sbom: bool,
     /// The strip step: the extension in the wheel, its build-id, the debug file, sizes.
     pub stripped: strip::Stripped,
@@ -102,7 +107,7 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
         .context("cannot build the sdist (maturin sdist)")?;
     cmd!(
         sh,
-        "{maturin} build --release --locked --compatibility {compatibility} --out {stage}"
+        "{maturin} build --profile {WHEEL_PROFILE} --locked --compatibility {compatibility} --out {stage}"
     )
     .env_remove("RUSTFLAGS")
     .run()
@@ -170,6 +175,7 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
             target_arch,
             path_prefixes_remapped_to: remaps.iter().map(|(_, to)| to.to_string()).collect(),
             cargo_locked: true,
+            cargo_profile: WHEEL_PROFILE.to_owned(),
             maturin_sbom: false,
             stripped,
             sbom: "CycloneDX 1.5 JSON".to_owned(),
