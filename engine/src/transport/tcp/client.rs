@@ -4,8 +4,10 @@
 //! A lane thread takes slices from the peer's queue, [takes](crate::transport::Slice::take)
 //! each on its connection, writes header and payload, and only then hands the slice to
 //! the connection's receiver thread, which reads the status frame (v2) and, for reads,
-//! the data. So at any moment one thread owns a slice and its memory, and a cut of the
-//! connection stops that thread's I/O. The queue is unbounded: any batch size is
+//! the data; when nothing else is queued or awaiting a reply on that connection, the lane
+//! reads the reply itself (one thread hand-off fewer for lone small requests). So at any
+//! moment one thread owns a slice and its memory, and a cut of the connection stops that
+//! thread's I/O. The queue is unbounded: any batch size is
 //! accepted and the lanes drain it at the speed of the network (backpressure, never
 //! rejection). A slice whose connection breaks is re-sent once on a fresh connection;
 //! a peer that refuses connections fails queued slices at once instead of once per
@@ -18,7 +20,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvError, Sender, TryRecvError};
 use parking_lot::Mutex;
 
 use super::cut_reader::CutStream;
@@ -68,6 +70,8 @@ struct LinkShared {
     connect_timeout: Duration,
     io_timeout: Duration,
     depth: usize,
+    /// How long lanes and receivers look for work and replies before sleeping.
+    spin: Duration,
     tx: Sender<LaneMsg>,
     dead: Mutex<Option<(Instant, String)>>,
     /// Every open connection, so shutdown can unblock their threads.
@@ -97,6 +101,7 @@ impl PeerLink {
             connect_timeout: cfg.handshake_connect_timeout,
             io_timeout: cfg.tcp_status_timeout,
             depth: cfg.tcp_pipeline_depth,
+            spin: cfg.tcp_spin,
             tx,
             dead: Mutex::new(None),
             open: Mutex::new(Vec::new()),
@@ -246,7 +251,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
     let mut conn: Option<Conn> = None;
     // This lane's connection broke and has not been replaced yet.
     let mut broke = false;
-    while let Ok(LaneMsg::Work(slice)) = rx.recv() {
+    while let Ok(LaneMsg::Work(slice)) = next(&rx, shared.spin) {
         if slice.batch.is_canceled() {
             shared.fail(
                 slice,
@@ -283,7 +288,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
         }
         let Some(c) = conn.as_mut() else { continue };
         match slice.take(&c.holder, &mut c.last_batch) {
-            Some(held) => c.send(held, &shared),
+            Some(held) => c.send(held, &shared, rx.is_empty()),
             // Finished by `take` (canceled batch or unregistered buffer).
             None => {
                 shared.busy.fetch_sub(1, Ordering::AcqRel);
@@ -301,6 +306,8 @@ struct Conn {
     /// The batch this connection last took a slice of (see `Slice::take`).
     last_batch: u64,
     inflight: Option<Sender<Held>>,
+    /// Slices handed to the receiver whose reply it has not read yet.
+    pending: Arc<AtomicUsize>,
     broken: Arc<AtomicBool>,
     receiver: Option<JoinHandle<()>>,
 }
@@ -313,14 +320,20 @@ impl Conn {
         stream.set_write_timeout(Some(shared.io_timeout))?;
         let (tx, rx) = bounded(shared.depth);
         let broken = Arc::new(AtomicBool::new(false));
+        let pending = Arc::new(AtomicUsize::new(0));
         let read_half = stream.try_clone()?;
         let cut = Arc::new(SocketCut::new(stream.try_clone()?));
         let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
         shared.open.lock().push((id, cut.clone()));
-        let (s, b, c) = (shared.clone(), broken.clone(), cut.clone());
+        let (s, b, c, p) = (
+            shared.clone(),
+            broken.clone(),
+            cut.clone(),
+            pending.clone(),
+        );
         let receiver = std::thread::Builder::new()
             .name(format!("te-recv-{}", shared.peer.port()))
-            .spawn(move || receive(read_half, rx, b, c, s));
+            .spawn(move || receive(read_half, rx, b, c, p, s));
         let receiver = match receiver {
             Ok(r) => r,
             Err(e) => {
@@ -336,6 +349,7 @@ impl Conn {
             last_batch: 0,
             cut,
             inflight: Some(tx),
+            pending,
             broken,
             receiver: Some(receiver),
         })
@@ -350,7 +364,7 @@ impl Conn {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
-    fn send(&mut self, held: Held, shared: &LinkShared) {
+    fn send(&mut self, held: Held, shared: &LinkShared, queue_empty: bool) {
         let s = held.slice();
         let header = RequestHeader {
             size: s.len,
@@ -386,11 +400,21 @@ impl Conn {
             // v1 writes carry no acknowledgement: done once the bytes left.
             return shared.complete(held, Ok(()));
         }
+        // Nothing else queued and no reply outstanding on this connection (the receiver
+        // has read every earlier one): this reply is the next on the socket, and reading it
+        // here saves waking the receiver thread, a cross-core hand-off per request that
+        // dominates small single requests on hosts with many cores.
+        if queue_empty && self.pending.load(Ordering::Acquire) == 0 {
+            settle(&self.stream, held, shared, &self.cut, &self.broken);
+            return;
+        }
         // The payload is out: from here the receiver owns the slice and its memory.
         let Some(inflight) = self.inflight.as_ref() else {
             return shared.retry_or_fail(held, "connection closed");
         };
+        self.pending.fetch_add(1, Ordering::AcqRel);
         if let Err(e) = inflight.send(held) {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
             self.break_off();
             shared.retry_or_fail(e.into_inner(), "receiver stopped");
         }
@@ -419,50 +443,90 @@ fn receive(
     rx: Receiver<Held>,
     broken: Arc<AtomicBool>,
     cut: Arc<SocketCut>,
+    pending: Arc<AtomicUsize>,
     shared: Arc<LinkShared>,
 ) {
     let mut failure: Option<String> = None;
-    for held in rx.iter() {
-        if let Some(why) = &failure {
-            shared.retry_or_fail(held, why);
-            continue;
+    while let Ok(held) = next(&rx, shared.spin) {
+        match &failure {
+            Some(why) => shared.retry_or_fail(held, why),
+            None => failure = settle(&stream, held, &shared, &cut, &broken),
         }
-        match read_reply(&stream, &held, shared.v2, &cut) {
-            Ok(Reply::Done) => shared.complete(held, Ok(())),
-            Ok(Reply::Rejected) => {
-                let s = held.slice();
-                let err = TransferError::AddressRejected {
-                    peer: shared.peer.to_string(),
-                    addr: s.remote,
-                    len: s.len,
-                };
-                shared.complete(held, Err(err));
-            }
-            Err(ReplyError::Protocol(why)) => {
-                broken.store(true, Ordering::Release);
-                let _ = stream.shutdown(Shutdown::Both);
-                let err = TransferError::Protocol {
-                    peer: shared.peer.to_string(),
-                    reason: why.clone(),
-                };
-                shared.complete(held, Err(err));
-                failure = Some(why);
-            }
-            Err(ReplyError::Io(e)) => {
-                broken.store(true, Ordering::Release);
-                let _ = stream.shutdown(Shutdown::Both);
-                let why = match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
-                        "no reply within {:?} (MC_TCP_STATUS_TIMEOUT_SEC)",
-                        shared.io_timeout
-                    ),
-                    _ => format!("receive failed: {e}"),
-                };
-                shared.retry_or_fail(held, &why);
-                failure = Some(why);
+        // After the reply was read: the lane may now read the next one itself.
+        pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Reads the reply to `held` and completes it; on a broken connection, marks it `broken`,
+/// shuts the socket down and returns why (later slices in flight on it cannot succeed).
+fn settle(
+    stream: &TcpStream,
+    held: Held,
+    shared: &LinkShared,
+    cut: &SocketCut,
+    broken: &AtomicBool,
+) -> Option<String> {
+    if !shared.spin.is_zero() {
+        // A small request's reply comes within microseconds: wait for it awake. An error
+        // here shows again in the read below.
+        let _ = crate::net::spin_readable(stream, shared.spin);
+    }
+    match read_reply(stream, &held, shared.v2, cut) {
+        Ok(Reply::Done) => {
+            shared.complete(held, Ok(()));
+            None
+        }
+        Ok(Reply::Rejected) => {
+            let s = held.slice();
+            let err = TransferError::AddressRejected {
+                peer: shared.peer.to_string(),
+                addr: s.remote,
+                len: s.len,
+            };
+            shared.complete(held, Err(err));
+            None
+        }
+        Err(ReplyError::Protocol(why)) => {
+            broken.store(true, Ordering::Release);
+            let _ = stream.shutdown(Shutdown::Both);
+            let err = TransferError::Protocol {
+                peer: shared.peer.to_string(),
+                reason: why.clone(),
+            };
+            shared.complete(held, Err(err));
+            Some(why)
+        }
+        Err(ReplyError::Io(e)) => {
+            broken.store(true, Ordering::Release);
+            let _ = stream.shutdown(Shutdown::Both);
+            let why = match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
+                    "no reply within {:?} (MC_TCP_STATUS_TIMEOUT_SEC)",
+                    shared.io_timeout
+                ),
+                _ => format!("receive failed: {e}"),
+            };
+            shared.retry_or_fail(held, &why);
+            Some(why)
+        }
+    }
+}
+
+/// The next message of `rx`, looked for without sleeping for up to `spin` first: work
+/// that follows within microseconds is taken without a wake-up.
+fn next<T>(rx: &Receiver<T>, spin: Duration) -> Result<T, RecvError> {
+    if !spin.is_zero() {
+        let start = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(msg) => return Ok(msg),
+                Err(TryRecvError::Disconnected) => return Err(RecvError),
+                Err(TryRecvError::Empty) if start.elapsed() >= spin => break,
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
             }
         }
     }
+    rx.recv()
 }
 
 enum ReplyError {

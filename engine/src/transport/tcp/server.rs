@@ -37,6 +37,8 @@ struct Shared {
     slots: Arc<ConnLimiter>,
     /// A connection without a request for this long is closed.
     idle_timeout: Duration,
+    /// How long a connection's thread looks for the next request before it sleeps.
+    spin: Duration,
     refusal_log: LogThrottle,
     idle_log: LogThrottle,
 }
@@ -64,6 +66,7 @@ impl TcpServer {
                 config.tcp_server_max_connections_per_ip,
             ),
             idle_timeout: config.tcp_server_idle_timeout,
+            spin: config.tcp_spin,
             refusal_log: LogThrottle::per_second(),
             idle_log: LogThrottle::per_second(),
         });
@@ -173,24 +176,29 @@ fn serve(
     let mut header = [0u8; HEADER_LEN];
     let mut scratch = Vec::new();
     loop {
-        // Idle connections wait here until the idle timeout, and notice shutdown.
+        // Idle connections wait here until the idle timeout, and notice shutdown. A
+        // pipelining or request-after-request client sends again within microseconds:
+        // look for it awake first.
         cut.set_deadline(None);
         let idle_since = Instant::now();
-        loop {
-            if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
-                return Ok(());
-            }
-            if net::wait_readable(&stream, Duration::from_millis(200))? {
-                break;
-            }
-            if idle_since.elapsed() >= shared.idle_timeout {
-                if let Some(left_out) = shared.idle_log.allow() {
-                    tracing::warn!(
-                        "data connection from {peer} closed: no request for {:?} (MC_TCP_SERVER_IDLE_TIMEOUT); {left_out} such lines left out",
-                        shared.idle_timeout
-                    );
+        let early = !shared.spin.is_zero() && net::spin_readable(&stream, shared.spin)?;
+        if !early {
+            loop {
+                if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
+                    return Ok(());
                 }
-                return Ok(());
+                if net::wait_readable(&stream, Duration::from_millis(200))? {
+                    break;
+                }
+                if idle_since.elapsed() >= shared.idle_timeout {
+                    if let Some(left_out) = shared.idle_log.allow() {
+                        tracing::warn!(
+                            "data connection from {peer} closed: no request for {:?} (MC_TCP_SERVER_IDLE_TIMEOUT); {left_out} such lines left out",
+                            shared.idle_timeout
+                        );
+                    }
+                    return Ok(());
+                }
             }
         }
         // The header, once its first byte is here, within the I/O timeout.
