@@ -3,7 +3,7 @@
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -69,22 +69,6 @@ pub fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<bool> {
         }
         0 => Ok(false),
         _ => Ok(true),
-    }
-}
-
-/// Whether `fd` becomes readable within `budget`, found by looking without sleeping: a
-/// thread that expects bytes within microseconds stays on its CPU instead of paying for a
-/// sleep and a wake-up (an inter-processor interrupt, dearer still in a virtual machine).
-pub fn spin_readable(fd: &impl AsRawFd, budget: Duration) -> io::Result<bool> {
-    let start = Instant::now();
-    loop {
-        if wait_readable(fd, Duration::ZERO)? {
-            return Ok(true);
-        }
-        if start.elapsed() >= budget {
-            return Ok(false);
-        }
-        std::hint::spin_loop();
     }
 }
 

@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvError, Sender, TryRecvError};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::cut_reader::CutStream;
 use crate::config::Config;
@@ -32,6 +32,13 @@ use crate::wire::tcp::{OpCode, RequestHeader, Status, STATUS_LEN};
 
 /// How long a failed connect keeps failing new slices without retrying.
 const DEAD_PEER_HOLD: Duration = Duration::from_millis(500);
+
+/// Bytes of reads a lane may have asked for and not yet received (beyond two requests)
+/// before it leaves the peer's queue to the other lanes. A read request is a header, sent
+/// in an instant: without this bound the first lanes to wake took `MC_TCP_PIPELINE_DEPTH`
+/// requests each and the rest of the lanes stayed idle (4 of 8 lanes carried a batch of
+/// 64 reads on the 16-core host, which is why reads did not scale with lanes).
+const READ_BYTES_PER_LANE: u64 = 512 << 10;
 
 /// Connection counters of every link of one TCP transport (relaxed: only read for metrics).
 #[derive(Debug, Default)]
@@ -251,7 +258,13 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
     let mut conn: Option<Conn> = None;
     // This lane's connection broke and has not been replaced yet.
     let mut broke = false;
-    while let Ok(LaneMsg::Work(slice)) = next(&rx, shared.spin) {
+    loop {
+        if let Some(c) = conn.as_ref() {
+            c.pending.wait_below(READ_BYTES_PER_LANE, &c.broken);
+        }
+        let Ok(LaneMsg::Work(slice)) = next(&rx, shared.spin) else {
+            break;
+        };
         if slice.batch.is_canceled() {
             shared.fail(
                 slice,
@@ -307,7 +320,7 @@ struct Conn {
     last_batch: u64,
     inflight: Option<Sender<Held>>,
     /// Slices handed to the receiver whose reply it has not read yet.
-    pending: Arc<AtomicUsize>,
+    pending: Arc<InFlight>,
     broken: Arc<AtomicBool>,
     receiver: Option<JoinHandle<()>>,
 }
@@ -320,7 +333,7 @@ impl Conn {
         stream.set_write_timeout(Some(shared.io_timeout))?;
         let (tx, rx) = bounded(shared.depth);
         let broken = Arc::new(AtomicBool::new(false));
-        let pending = Arc::new(AtomicUsize::new(0));
+        let pending = Arc::new(InFlight::default());
         let read_half = stream.try_clone()?;
         let cut = Arc::new(SocketCut::new(stream.try_clone()?));
         let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
@@ -404,7 +417,7 @@ impl Conn {
         // has read every earlier one): this reply is the next on the socket, and reading it
         // here saves waking the receiver thread, a cross-core hand-off per request that
         // dominates small single requests on hosts with many cores.
-        if queue_empty && self.pending.load(Ordering::Acquire) == 0 {
+        if queue_empty && self.pending.is_empty() {
             settle(&self.stream, held, shared, &self.cut, &self.broken);
             return;
         }
@@ -412,9 +425,10 @@ impl Conn {
         let Some(inflight) = self.inflight.as_ref() else {
             return shared.retry_or_fail(held, "connection closed");
         };
-        self.pending.fetch_add(1, Ordering::AcqRel);
+        let owed = owed_bytes(held.slice());
+        self.pending.add(owed);
         if let Err(e) = inflight.send(held) {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.pending.done(owed);
             self.break_off();
             shared.retry_or_fail(e.into_inner(), "receiver stopped");
         }
@@ -433,6 +447,69 @@ impl Drop for Conn {
     }
 }
 
+/// What the receiver of a connection has still to read, and a way for the lane to wait
+/// until that falls under its share.
+#[derive(Default)]
+struct InFlight {
+    slices: AtomicUsize,
+    /// Payload bytes of reads still to come.
+    bytes: AtomicU64,
+    /// The lane waits in `wait_below` (so `done` must wake it).
+    waiting: AtomicBool,
+    lock: Mutex<()>,
+    fell: Condvar,
+}
+
+impl InFlight {
+    fn add(&self, owed: u64) {
+        self.slices.fetch_add(1, Ordering::SeqCst);
+        self.bytes.fetch_add(owed, Ordering::SeqCst);
+    }
+
+    fn done(&self, owed: u64) {
+        self.bytes.fetch_sub(owed, Ordering::SeqCst);
+        self.slices.fetch_sub(1, Ordering::SeqCst);
+        // SeqCst with `wait_below`: either the lane sees the smaller count, or we see it
+        // waiting and wake it.
+        if self.waiting.load(Ordering::SeqCst) {
+            let _guard = self.lock.lock();
+            self.fell.notify_one();
+        }
+    }
+
+    /// No reply outstanding: the next reply on the socket is the next request's.
+    fn is_empty(&self) -> bool {
+        self.slices.load(Ordering::SeqCst) == 0
+    }
+
+    fn over(&self, cap: u64) -> bool {
+        self.slices.load(Ordering::SeqCst) >= 2 && self.bytes.load(Ordering::SeqCst) >= cap
+    }
+
+    /// Waits while more than two requests and at least `cap` bytes of reads are owed, and
+    /// the connection is not `broken`.
+    fn wait_below(&self, cap: u64, broken: &AtomicBool) {
+        if !self.over(cap) {
+            return;
+        }
+        self.waiting.store(true, Ordering::SeqCst);
+        let mut guard = self.lock.lock();
+        while self.over(cap) && !broken.load(Ordering::Acquire) {
+            // The timeout only guards against a receiver that stopped without a word.
+            self.fell.wait_for(&mut guard, Duration::from_millis(10));
+        }
+        self.waiting.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Bytes the peer still owes for a slice once its request is sent: a read's data.
+fn owed_bytes(slice: &Slice) -> u64 {
+    match slice.op {
+        OpCode::Read => slice.len,
+        OpCode::Write => 0,
+    }
+}
+
 enum Reply {
     Done,
     Rejected,
@@ -443,17 +520,18 @@ fn receive(
     rx: Receiver<Held>,
     broken: Arc<AtomicBool>,
     cut: Arc<SocketCut>,
-    pending: Arc<AtomicUsize>,
+    pending: Arc<InFlight>,
     shared: Arc<LinkShared>,
 ) {
     let mut failure: Option<String> = None;
     while let Ok(held) = next(&rx, shared.spin) {
+        let owed = owed_bytes(held.slice());
         match &failure {
             Some(why) => shared.retry_or_fail(held, why),
             None => failure = settle(&stream, held, &shared, &cut, &broken),
         }
         // After the reply was read: the lane may now read the next one itself.
-        pending.fetch_sub(1, Ordering::AcqRel);
+        pending.done(owed);
     }
 }
 
@@ -466,11 +544,12 @@ fn settle(
     cut: &SocketCut,
     broken: &AtomicBool,
 ) -> Option<String> {
-    if !shared.spin.is_zero() {
-        // A small request's reply comes within microseconds: wait for it awake. An error
-        // here shows again in the read below.
-        let _ = crate::net::spin_readable(stream, shared.spin);
-    }
+    // A small request's reply comes within microseconds: wait for it awake. An error
+    // here shows again in the read below.
+    super::spin::spin_for(shared.spin, || {
+        crate::net::wait_readable(stream, Duration::ZERO)
+            .map_or(Some(()), |ready| ready.then_some(()))
+    });
     match read_reply(stream, &held, shared.v2, cut) {
         Ok(Reply::Done) => {
             shared.complete(held, Ok(()));
@@ -515,18 +594,12 @@ fn settle(
 /// The next message of `rx`, looked for without sleeping for up to `spin` first: work
 /// that follows within microseconds is taken without a wake-up.
 fn next<T>(rx: &Receiver<T>, spin: Duration) -> Result<T, RecvError> {
-    if !spin.is_zero() {
-        let start = Instant::now();
-        loop {
-            match rx.try_recv() {
-                Ok(msg) => return Ok(msg),
-                Err(TryRecvError::Disconnected) => return Err(RecvError),
-                Err(TryRecvError::Empty) if start.elapsed() >= spin => break,
-                Err(TryRecvError::Empty) => std::hint::spin_loop(),
-            }
-        }
-    }
-    rx.recv()
+    let found = super::spin::spin_for(spin, || match rx.try_recv() {
+        Ok(msg) => Some(Ok(msg)),
+        Err(TryRecvError::Disconnected) => Some(Err(RecvError)),
+        Err(TryRecvError::Empty) => None,
+    });
+    found.unwrap_or_else(|| rx.recv())
 }
 
 enum ReplyError {

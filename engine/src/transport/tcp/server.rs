@@ -181,7 +181,11 @@ fn serve(
         // look for it awake first.
         cut.set_deadline(None);
         let idle_since = Instant::now();
-        let early = !shared.spin.is_zero() && net::spin_readable(&stream, shared.spin)?;
+        let early = super::spin::spin_for(shared.spin, || {
+            net::wait_readable(&stream, Duration::ZERO)
+                .map_or(Some(()), |ready| ready.then_some(()))
+        })
+        .is_some();
         if !early {
             loop {
                 if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
