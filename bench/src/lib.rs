@@ -220,7 +220,9 @@ fn initiate(
             .segment_buffers(&segment)?
             .into_iter()
             .max_by_key(|b| b.length)
-            .ok_or_else(|| BenchError::Usage(format!("the target {segment} registered no buffer")))?;
+            .ok_or_else(|| {
+                BenchError::Usage(format!("the target {segment} registered no buffer"))
+            })?;
         let span = flags.buffer_size.min(remote.length) / block_size * block_size;
         if span == 0 {
             return Err(BenchError::Usage(format!(
@@ -253,8 +255,7 @@ fn initiate(
                         .map(|t| {
                             (0..batch_size)
                                 .map(|j| {
-                                    let off =
-                                        ((tid * batch_size + j) as u64 * block_size) % t.span;
+                                    let off = ((tid * batch_size + j) as u64 * block_size) % t.span;
                                     Request {
                                         op,
                                         local: local + off,

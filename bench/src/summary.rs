@@ -16,7 +16,9 @@ impl Latencies {
     pub fn quantile_us(&self, p: f64) -> f64 {
         let last = self.0.len().saturating_sub(1);
         let i = ((last as f64) * p.clamp(0.0, 1.0)).round() as usize;
-        self.0.get(i.min(last)).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+        self.0
+            .get(i.min(last))
+            .map_or(0.0, |d| d.as_secs_f64() * 1e6)
     }
 
     /// The mean in microseconds; 0 without samples.

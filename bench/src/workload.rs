@@ -118,7 +118,9 @@ mod tests {
         );
         let l = Workload::Latency.resolve(None, None, Some(4)).unwrap();
         assert_eq!((l.block_size, l.batch_size, l.threads), (4096, 1, 4));
-        let c = Workload::Custom.resolve(Some(1 << 22), Some(64), None).unwrap();
+        let c = Workload::Custom
+            .resolve(Some(1 << 22), Some(64), None)
+            .unwrap();
         assert_eq!((c.block_size, c.batch_size, c.threads), (1 << 22, 64, 12));
     }
 
@@ -132,7 +134,10 @@ mod tests {
     #[test]
     fn segment_lists_split_on_commas_and_refuse_empty_entries() {
         assert_eq!(parse_segments("a:1").unwrap(), ["a:1"]);
-        assert_eq!(parse_segments("a:1, b:2,c:3").unwrap(), ["a:1", "b:2", "c:3"]);
+        assert_eq!(
+            parse_segments("a:1, b:2,c:3").unwrap(),
+            ["a:1", "b:2", "c:3"]
+        );
         let err = parse_segments("a:1,,b:2").unwrap_err();
         assert!(err.contains("entry 2 is empty"), "{err}");
         assert!(parse_segments(" ").unwrap_err().contains("required"));

@@ -20,6 +20,10 @@ use crate::memory::{Abort, MemoryRegistry, SocketCut};
 use crate::net;
 use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN};
 
+/// Requests up to this size are "small" (see `serve`): 4 KiB single requests are, the
+/// serving-shaped 32 KiB batches and 64 KiB blocks are not.
+const SMALL_REQUEST: u64 = 16 << 10;
+
 /// A running data-port listener; stops (and closes its connections) on drop.
 pub struct TcpServer {
     port: u16,
@@ -175,13 +179,17 @@ fn serve(
     };
     let mut header = [0u8; HEADER_LEN];
     let mut scratch = Vec::new();
+    // The last request was small: a client issuing small requests one after another sends
+    // the next within microseconds. After large ones the time goes to moving bytes, and a
+    // spinning thread would only take a CPU from one that moves them.
+    let mut small = false;
     loop {
-        // Idle connections wait here until the idle timeout, and notice shutdown. A
-        // pipelining or request-after-request client sends again within microseconds:
-        // look for it awake first.
+        // Idle connections wait here until the idle timeout, and notice shutdown; after a
+        // small request, awake for a moment first.
         cut.set_deadline(None);
         let idle_since = Instant::now();
-        let early = super::spin::spin_for(shared.spin, || {
+        let spin = if small { shared.spin } else { Duration::ZERO };
+        let early = super::spin::spin_for(spin, || {
             net::wait_readable(&stream, Duration::ZERO)
                 .map_or(Some(()), |ready| ready.then_some(()))
         })
@@ -212,6 +220,7 @@ fn serve(
         }
         let h = RequestHeader::decode(&header)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        small = h.size <= SMALL_REQUEST;
         // The whole request (payload in, status and data out) within the I/O timeout plus
         // 1 ns per byte, as upstream bounds a transfer: a peer that sends a byte at a time
         // holds this connection, its thread and any staging for that long at most.
