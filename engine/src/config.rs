@@ -94,9 +94,8 @@ pub struct Config {
     /// `MC_TCP_PIPELINE_DEPTH` (ours): requests in flight per lane before the
     /// sender waits for replies.
     pub tcp_pipeline_depth: usize,
-    /// `MC_TCP_SPIN_US` (ours): how long a TCP thread that expects work or bytes within
-    /// microseconds looks for them before it sleeps (0 to 1000 µs); default from the CPUs
-    /// ([`spin_for_cpus`]).
+    /// `MC_TCP_SPIN_US` (ours): how long a TCP thread looks for the next step of a lone small
+    /// request before it sleeps (0 to 1000 µs); default from the CPUs ([`spin_for_cpus`]).
     pub tcp_spin: Duration,
     /// `MC_TCP_LINK_IDLE_SEC` (ours): connections and lane threads to a peer are closed
     /// after this long without work (or once the peer is gone); reopened on next use.
@@ -240,10 +239,10 @@ pub fn spin_for_cpus(cpus: usize) -> Duration {
 
 /// Lanes per peer for a process that may run on `cpus` CPUs (its affinity mask and cgroup
 /// quota, as `available_parallelism` counts them): one per CPU up to 4, then half the CPUs
-/// up to 8. Each lane is a sending thread and a receiving thread here and a serving thread
-/// on the peer, so more lanes than that only add context switches; on the 16-core host 8
-/// lanes moved 1.4-1.8x the bytes of 4 (4 MiB writes, issue 12). NUMA is not considered: lanes move
-/// bytes between caller memory and the kernel, wherever the caller's memory lies.
+/// up to 8. Each lane is a sending and a receiving thread here and a serving thread on the
+/// peer, so more lanes than that only add context switches. On the 16-core host 8 lanes
+/// moved 1.8x the bytes of 4 for 4 MiB writes (docs/benchmarks.md, issue 12). NUMA is not
+/// considered: the hosts measured have one node.
 pub fn lanes_for_cpus(cpus: usize) -> usize {
     cpus.clamp(1, 4).max((cpus / 2).min(8))
 }
