@@ -77,7 +77,8 @@ struct LinkShared {
     connect_timeout: Duration,
     io_timeout: Duration,
     depth: usize,
-    /// How long lanes and receivers look for work and replies before sleeping.
+    /// How long a lane looks for a lone small request's reply, and then for the next
+    /// request, before sleeping.
     spin: Duration,
     tx: Sender<LaneMsg>,
     dead: Mutex<Option<(Instant, String)>>,
@@ -258,7 +259,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
     let mut conn: Option<Conn> = None;
     // This lane's connection broke and has not been replaced yet.
     let mut broke = false;
-    // The last slice was a lone request (its reply read here): the next may follow
+    // The last slice was a lone small request (its reply read here): the next may follow
     // within microseconds, so look for it awake. Under load the queue is rarely empty and
     // a spinning thread would only take a CPU from one with work.
     let mut lone = false;
@@ -378,7 +379,7 @@ impl Conn {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
-    /// Sends `held`; true if it was a lone request whose reply was read here.
+    /// Sends `held`; true if it was a lone small request whose reply was read here.
     fn send(&mut self, held: Held, shared: &LinkShared, queue_empty: bool) -> bool {
         let s = held.slice();
         let header = RequestHeader {
@@ -422,8 +423,10 @@ impl Conn {
         // here saves waking the receiver thread, a cross-core hand-off per request that
         // dominates small single requests on hosts with many cores.
         if queue_empty && self.pending.is_empty() {
-            let spin = shared.spin;
-            return settle(&self.stream, held, shared, &self.cut, &self.broken, spin).is_none();
+            let small = held.slice().len <= super::spin::SMALL_REQUEST;
+            let spin = if small { shared.spin } else { Duration::ZERO };
+            let settled = settle(&self.stream, held, shared, &self.cut, &self.broken, spin);
+            return small && settled.is_none();
         }
         // The payload is out: from here the receiver owns the slice and its memory.
         let Some(inflight) = self.inflight.as_ref() else {

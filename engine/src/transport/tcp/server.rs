@@ -20,10 +20,6 @@ use crate::memory::{Abort, MemoryRegistry, SocketCut};
 use crate::net;
 use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN};
 
-/// Requests up to this size are "small" (see `serve`): 4 KiB single requests are, the
-/// serving-shaped 32 KiB batches and 64 KiB blocks are not.
-const SMALL_REQUEST: u64 = 16 << 10;
-
 /// A running data-port listener; stops (and closes its connections) on drop.
 pub struct TcpServer {
     port: u16,
@@ -220,7 +216,7 @@ fn serve(
         }
         let h = RequestHeader::decode(&header)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        small = h.size <= SMALL_REQUEST;
+        small = h.size <= super::spin::SMALL_REQUEST;
         // The whole request (payload in, status and data out) within the I/O timeout plus
         // 1 ns per byte, as upstream bounds a transfer: a peer that sends a byte at a time
         // holds this connection, its thread and any staging for that long at most.

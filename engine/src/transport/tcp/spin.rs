@@ -12,6 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// Requests up to this size are small: their next step comes within microseconds, so
+/// threads spin only around them. 4 KiB single requests are; the serving-shaped 32 KiB
+/// batches and 64 KiB blocks are not (their time goes to moving bytes).
+pub(super) const SMALL_REQUEST: u64 = 16 << 10;
+
 /// Threads of this process spinning now.
 static SPINNING: AtomicUsize = AtomicUsize::new(0);
 
