@@ -5,6 +5,7 @@
 # 127.0.0.1 with the P2P handshake.
 #
 #   scripts/bench-compare.sh                 # results table on stdout
+#   scripts/bench-compare.sh --gpu-host      # the issue-12 comparison on the GPU host, one call
 #
 # Environment:
 #   OURS_BENCH      our bench binary (default: $REPO/target/release/transfer_engine_bench);
@@ -21,6 +22,28 @@
 # req_per_s, p50_us, p99_us (absent where they do not apply); a markdown table on stdout.
 # GB/s is 1e9 bytes per second. Logs of every process are in $OUT_DIR/logs/.
 #
+# --gpu-host: everything on the `device` tool's H200 host in one call (it has Python 3.12, no
+# Rust, no network). Upstream: mooncake-transfer-engine-cuda13 0.3.14 through the Python
+# harness (tests/interop/upstream_peer.py, or $PEER_PY); ours: transfer_engine_bench builds.
+# Carry (paths from the repository root, where the command runs):
+#   .devcarry/        made here by ../shared/tools/carry-upstream-for-gpu-host.sh (~50 MiB)
+#   .gpucarry-NAME/   our stripped release transfer_engine_bench build(s) and, when the device
+#                     runs another checkout's tree, this script and upstream_peer.py
+# Environment of this mode:
+#   OURS       space-separated NAME=BIN[@VAR=VALUE[,VAR=VALUE...]] (default
+#              ours=$OURS_BENCH): each runs as target and initiator with those variables
+#   CPUS       taskset CPU list for every process (default 0-15: the 16-core figures)
+#   ROUNDS     rounds over all implementations, order rotated each round (default 1)
+#   DURATION   seconds per case (default 2 in this mode); CASES: which cases (default all:
+#              write-4MiBx64 read-4MiBx64 write-64KiBx64 read-64KiBx64 lat-write-4KiB
+#              lat-read-4KiB serving-1peer serving-4peers)
+#   OUT_DIR    default $OUT when set (the device tool's output folder)
+# Serving cases: 10 threads, each a synchronous batch of 32 writes of 32 KiB at a time, to
+# one target or spread over four (batch n of thread t to target (t+n) mod 4); gbps is the
+# aggregate, batch_p50_us / batch_p99_us per batch. Latency cases: one 4 KiB request at a
+# time, p50_us / p99_us per request. Ours adds cpu_us_per_request and sleeps_per_request
+# (the initiator process's CPU time and voluntary context switches over its requests).
+#
 # Cases (same for every implementation):
 #   write-4MiBx64, read-4MiBx64     block 4 MiB, batch 64
 #   write-64KiBx64, read-64KiBx64   block 64 KiB, batch 64
@@ -31,13 +54,20 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OURS_BENCH="${OURS_BENCH:-$REPO/target/release/transfer_engine_bench}"
+GPU_HOST=0
+if [ "${1:-}" = "--gpu-host" ]; then
+    GPU_HOST=1
+    DURATION="${DURATION:-2}"
+    OUT_DIR="${OUT_DIR:-${OUT:-$REPO/target/bench-compare}}"
+    BUFFER_SIZE="${BUFFER_SIZE:-536870912}"
+fi
 DURATION="${DURATION:-5}"
 THREADS="${THREADS:-1}"
 BUFFER_SIZE="${BUFFER_SIZE:-1073741824}"
 IPERF_PORT="${IPERF_PORT:-5201}"
 OUT_DIR="${OUT_DIR:-$REPO/target/bench-compare}"
 HOST=127.0.0.1
-PEER_PY="$REPO/tests/interop/upstream_peer.py"
+PEER_PY="${PEER_PY:-$REPO/tests/interop/upstream_peer.py}"
 
 export MC_FORCE_TCP=1
 
@@ -245,6 +275,151 @@ run_bench_suite() {
 upstream_bench_bin() {  # the C++ bench shipped inside the upstream wheel
     (cd / && "$1" -c 'import mooncake, os; print(os.path.join(os.path.dirname(mooncake.__file__), "transfer_engine_bench"))')
 }
+
+# --- GPU-host mode (--gpu-host) ---------------------------------------------------------------
+GH_CASES="${CASES:-write-4MiBx64 read-4MiBx64 write-64KiBx64 read-64KiBx64 lat-write-4KiB lat-read-4KiB serving-1peer serving-4peers}"
+
+pin() { taskset -c "${CPUS:-0-15}" "$@"; }
+
+up_py() {  # upstream's python with the carried wheel and libraries
+    LD_LIBRARY_PATH="$REPO/.devcarry/libs:/usr/local/cuda-13.0/targets/x86_64-linux/lib" \
+        PYTHONPATH="$REPO/.devcarry/up" MC_FORCE_TCP=1 pin python3 "$@"
+}
+
+# gh_record IMPL CASE ROUND JSON_LINE: one normalised result line from either harness.
+gh_record() {
+    record "$(python3 - "$@" <<'EOF'
+import json, sys
+impl, case, rnd, line = sys.argv[1:5]
+r = {"impl": impl, "case": case, "round": int(rnd)}
+try:
+    d = json.loads(line)
+except ValueError:
+    d = {"error": "no result line"}
+ours = "gb_per_s" in d
+keys = {"gb_per_s": "gbps", "requests_per_s": "req_per_s", "latency_p50_us": "batch_p50_us",
+        "latency_p99_us": "batch_p99_us", "cpu_us_per_request": "cpu_us_per_request",
+        "sleeps_per_request": "sleeps_per_request"} if ours else {
+        "gbps": "gbps", "req_per_s": "req_per_s", "ops_per_s": "req_per_s",
+        "batch_p50_us": "batch_p50_us", "batch_p99_us": "batch_p99_us",
+        "p50_us": "p50_us", "p99_us": "p99_us", "error": "error"}
+for k, v in keys.items():
+    if d.get(k) is not None:
+        r[v] = round(d[k], 3) if isinstance(d[k], float) else d[k]
+if case.startswith("lat-") and "req_per_s" in r:
+    if ours:
+        r["p50_us"], r["p99_us"] = r.pop("batch_p50_us", None), r.pop("batch_p99_us", None)
+    r["gbps"] = round(r["req_per_s"] * 4096 / 1e9, 4)
+print(json.dumps(r))
+EOF
+)"
+}
+
+# gh_case_args CASE: op, block, batch, threads, targets of a case
+gh_case_args() {
+    case "$1" in
+        write-4MiBx64) echo "write 4194304 64 1 1" ;;
+        read-4MiBx64) echo "read 4194304 64 1 1" ;;
+        write-64KiBx64) echo "write 65536 64 1 1" ;;
+        read-64KiBx64) echo "read 65536 64 1 1" ;;
+        lat-write-4KiB) echo "write 4096 1 1 1" ;;
+        lat-read-4KiB) echo "read 4096 1 1 1" ;;
+        serving-1peer) echo "write 32768 32 10 1" ;;
+        serving-4peers) echo "write 32768 32 10 4" ;;
+        *) die "unknown case $1" ;;
+    esac
+}
+
+gh_stop_all() {
+    local pid
+    for pid in "${BG_PIDS[@]}"; do stop_bg "$pid"; done
+}
+
+gh_upstream() {  # gh_upstream ROUND
+    local rnd="$1" i pid line sids=() bufs=() cname op bs batch th n peers buffers
+    for i in 1 2 3 4; do
+        up_py "$PEER_PY" bench-target --size "$BUFFER_SIZE" --wait signal </dev/null \
+            >"$LOGS/up-target-$i.out" 2>"$LOGS/up-target-$i.err" &
+        pid=$!; BG_PIDS+=("$pid")
+        line="$(wait_for_match "$LOGS/up-target-$i.out" '^\{.*\}$' 120 "$pid")"
+        sids+=("$(printf '%s' "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["session_id"])')")
+        bufs+=("$(printf '%s' "$line" | python3 -c 'import json,sys; print(json.load(sys.stdin)["buffer"])')")
+    done
+    for cname in $GH_CASES; do
+        read -r op bs batch th n <<<"$(gh_case_args "$cname")"
+        local extra=()
+        peers="$(IFS=,; echo "${sids[*]:0:$n}")"; buffers="$(IFS=,; echo "${bufs[*]:0:$n}")"
+        case "$cname" in lat-*) extra=(--latency) ;; esac
+        line="$(up_py "$PEER_PY" bench-initiator --peer "$peers" --peer-buffer "$buffers" \
+            --peer-size "$BUFFER_SIZE" --duration "$DURATION" --op "$op" --block-size "$bs" \
+            --batch-size "$batch" --threads "$th" "${extra[@]}" 2>>"$LOGS/up-initiator.err" | tail -n1 || true)"
+        gh_record upstream "$cname" "$rnd" "$line"
+    done
+    gh_stop_all
+}
+
+gh_ours() {  # gh_ours NAME BIN ENV_LIST ROUND
+    local name="$1" bin="$2" envs="$3" rnd="$4" i pid m segs=() cname op bs batch th n line
+    local -a env_args=()
+    [ -z "$envs" ] || IFS=, read -r -a env_args <<<"$envs"
+    for i in 1 2 3 4; do
+        env "${env_args[@]}" taskset -c "${CPUS:-0-15}" "$bin" --mode=target --protocol=tcp \
+            --local_server_name="$HOST" --buffer_size="$BUFFER_SIZE" </dev/null \
+            >"$LOGS/$name-target-$i.log" 2>&1 &
+        pid=$!; BG_PIDS+=("$pid")
+        m="$(wait_for_match "$LOGS/$name-target-$i.log" 'segment_id=[0-9.]+:[0-9]+' 60 "$pid")"
+        segs+=("${m#segment_id=}")
+    done
+    for cname in $GH_CASES; do
+        read -r op bs batch th n <<<"$(gh_case_args "$cname")"
+        line="$(env "${env_args[@]}" taskset -c "${CPUS:-0-15}" "$bin" --mode=initiator \
+            --protocol=tcp --local_server_name="$HOST" --segment_id="$(IFS=,; echo "${segs[*]:0:$n}")" \
+            --operation="$op" --block_size="$bs" --batch_size="$batch" --threads="$th" \
+            --buffer_size="$BUFFER_SIZE" --duration="$DURATION" --json </dev/null \
+            2>>"$LOGS/$name-initiator.err" | grep '^{' | tail -n1 || true)"
+        gh_record "$name" "$cname" "$rnd" "$line"
+    done
+    gh_stop_all
+}
+
+gpu_host_main() {
+    local specs=() rnd k spec name rest bin envs
+    read -r -a specs <<<"${OURS:-ours=$OURS_BENCH}"
+    specs=(upstream "${specs[@]}")
+    log "gpu-host: results $RESULTS; CPUs ${CPUS:-0-15}; ${DURATION}s per case; $(nproc) CPUs here"
+    { uname -a; nproc; lscpu 2>/dev/null | grep -Ei 'model name|numa|^cpu\(s\)' || true; } >"$LOGS/host.txt"
+    for ((rnd = 1; rnd <= ${ROUNDS:-1}; rnd++)); do
+        for ((k = 0; k < ${#specs[@]}; k++)); do
+            spec="${specs[$(((k + rnd - 1) % ${#specs[@]}))]}"
+            if [ "$spec" = upstream ]; then
+                [ -d "$REPO/.devcarry/up" ] || { log "no .devcarry/up: upstream skipped"; continue; }
+                gh_upstream "$rnd"
+                continue
+            fi
+            name="${spec%%=*}"; rest="${spec#*=}"; bin="${rest%%@*}"; envs=""
+            [ "$rest" = "$bin" ] || envs="${rest#*@}"
+            [ -x "$bin" ] || { log "$bin missing: $name skipped"; continue; }
+            gh_ours "$name" "$bin" "$envs" "$rnd"
+        done
+    done
+    python3 - "$RESULTS" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def f(v, nd):
+    return "" if v is None else f"{v:.{nd}f}"
+print("| impl | case | round | GB/s | req/s | p50 us | p99 us | batch p50 us | batch p99 us | CPU us/req | sleeps/req | note |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    print(f"| {r['impl']} | {r['case']} | {r.get('round', '')} | {f(r.get('gbps'), 3)} | {f(r.get('req_per_s'), 0)} | "
+          f"{f(r.get('p50_us'), 1)} | {f(r.get('p99_us'), 1)} | {f(r.get('batch_p50_us'), 0)} | "
+          f"{f(r.get('batch_p99_us'), 0)} | {f(r.get('cpu_us_per_request'), 1)} | {f(r.get('sleeps_per_request'), 2)} | {r.get('error', '')} |")
+EOF
+}
+
+if [ "$GPU_HOST" = 1 ]; then
+    gpu_host_main
+    exit 0
+fi
 
 # --- main ------------------------------------------------------------------------------------
 log "results: $RESULTS, logs: $LOGS (duration ${DURATION}s, threads $THREADS)"

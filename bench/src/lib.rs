@@ -11,6 +11,10 @@
 //! Initiator: `--segment_id=HOST:PORT --operation=write --block_size=4194304
 //! --batch_size=64 --threads=2 --duration=10` prints GB/s, requests/s and the
 //! batch latency percentiles; `--json` adds one machine-readable line.
+//! `--segment_id=A,B,...` spreads the batches over several targets (each batch goes to
+//! one). `--workload=serving` is vLLM's shape (10 threads, batches of 32 x 32 KiB),
+//! `--workload=latency` one 4 KiB request at a time (its batch latency is the request's);
+//! explicit `--block_size` / `--batch_size` / `--threads` override the preset.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,6 +26,13 @@ use transfer_engine::wire::descriptor::SegmentDesc;
 use transfer_engine::{
     Config, EngineError, HostBuffer, OpCode, Request, TransferEngine, TransportRequest,
 };
+
+mod summary;
+mod workload;
+
+use summary::{Latencies, Summary, Usage};
+pub use workload::Workload;
+use workload::{parse_segments, target_of, Shape};
 
 /// Why a benchmark run stopped.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +72,8 @@ struct Flags {
     /// local server name (host; the port is chosen in P2P mode)
     #[arg(long = "local_server_name")]
     local_server_name: Option<String>,
-    /// target segment id (`host:rpc_port` printed by the target)
+    /// target segment id (`host:rpc_port` printed by the target); several, comma-separated:
+    /// each batch goes to one of them in turn
     #[arg(long = "segment_id", default_value = "")]
     segment_id: String,
     /// RDMA device list (comma-separated HCA names; empty: all)
@@ -73,18 +85,22 @@ struct Flags {
     /// bytes of registered buffer
     #[arg(long = "buffer_size", default_value_t = 1 << 30)]
     buffer_size: u64,
-    /// requests per batch
-    #[arg(long = "batch_size", default_value_t = 128)]
-    batch_size: usize,
-    /// bytes per request
-    #[arg(long = "block_size", default_value_t = 65536)]
-    block_size: u64,
+    /// requests per batch [default: 128, or the workload's]
+    #[arg(long = "batch_size")]
+    batch_size: Option<usize>,
+    /// bytes per request [default: 65536, or the workload's]
+    #[arg(long = "block_size")]
+    block_size: Option<u64>,
     /// seconds to run
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
-    /// submitting threads
-    #[arg(long, default_value_t = 12)]
-    threads: usize,
+    /// submitting threads [default: 12, or the workload's]
+    #[arg(long)]
+    threads: Option<usize>,
+    /// preset request shape: custom (the defaults above), serving (10 threads, 32 x 32 KiB
+    /// per batch), latency (1 thread, one 4 KiB request per batch)
+    #[arg(long, value_enum, default_value = "custom")]
+    workload: Workload,
     /// GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb
     #[arg(long = "report_unit", default_value = "GB")]
     report_unit: String,
@@ -134,12 +150,11 @@ fn run(flags: Flags) -> Result<(), BenchError> {
     let config = Config::from_env()?;
     transfer_engine::logging::init(config.log_level);
     check_protocol(&flags.protocol)?;
-    if flags.block_size == 0 || flags.batch_size == 0 || flags.threads == 0 {
-        return Err(BenchError::Usage(
-            "--block_size, --batch_size and --threads must be positive".into(),
-        ));
-    }
-    if flags.buffer_size < flags.block_size {
+    let shape = flags
+        .workload
+        .resolve(flags.block_size, flags.batch_size, flags.threads)
+        .map_err(BenchError::Usage)?;
+    if flags.buffer_size < shape.block_size {
         return Err(BenchError::Usage(
             "--buffer_size must be at least --block_size".into(),
         ));
@@ -174,67 +189,98 @@ fn run(flags: Flags) -> Result<(), BenchError> {
         }
         Mode::Initiator => {
             print_transport(&engine);
-            initiate(&flags, &engine, &buffer, unit)
+            initiate(&flags, shape, &engine, &buffer, unit)
         }
     }
 }
 
+/// One target of the run: its segment, and the remote buffer the batches address.
+struct Target {
+    segment: String,
+    remote: u64,
+    /// Bytes of the remote (and local) buffer that offsets wrap within.
+    span: u64,
+}
+
 fn initiate(
     flags: &Flags,
+    shape: Shape,
     engine: &TransferEngine,
     buffer: &HostBuffer,
     unit: (f64, &str),
 ) -> Result<(), BenchError> {
-    if flags.segment_id.is_empty() {
-        return Err(BenchError::Usage(
-            "--segment_id is required in initiator mode (the target prints it)".into(),
-        ));
-    }
-    let remote = engine
-        .segment_buffers(&flags.segment_id)?
-        .into_iter()
-        .max_by_key(|b| b.length)
-        .ok_or_else(|| BenchError::Usage("the target registered no buffer".into()))?;
-    let span = flags.buffer_size.min(remote.length) / flags.block_size * flags.block_size;
-    if span == 0 {
-        return Err(BenchError::Usage(
-            "the target's buffer is smaller than --block_size".into(),
-        ));
+    let Shape {
+        block_size,
+        batch_size,
+        threads,
+    } = shape;
+    let mut targets = Vec::new();
+    for segment in parse_segments(&flags.segment_id).map_err(BenchError::Usage)? {
+        let remote = engine
+            .segment_buffers(&segment)?
+            .into_iter()
+            .max_by_key(|b| b.length)
+            .ok_or_else(|| {
+                BenchError::Usage(format!("the target {segment} registered no buffer"))
+            })?;
+        let span = flags.buffer_size.min(remote.length) / block_size * block_size;
+        if span == 0 {
+            return Err(BenchError::Usage(format!(
+                "the buffer of {segment} is smaller than --block_size"
+            )));
+        }
+        targets.push(Target {
+            segment,
+            remote: remote.addr,
+            span,
+        });
     }
     let op = match flags.operation {
         Operation::Read => OpCode::Read,
         Operation::Write => OpCode::Write,
     };
     let stop = Arc::new(AtomicBool::new(false));
+    let usage_before = Usage::now();
     let started = Instant::now();
+    let targets = &targets;
     let results: Vec<Result<(u64, Vec<Duration>), BenchError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..flags.threads)
+        let handles: Vec<_> = (0..threads)
             .map(|tid| {
                 let stop = stop.clone();
-                let (local, remote_base) = (buffer.addr(), remote.addr);
+                let local = buffer.addr();
                 s.spawn(move || {
-                    let requests: Vec<Request> = (0..flags.batch_size)
-                        .map(|j| {
-                            let off =
-                                ((tid * flags.batch_size + j) as u64 * flags.block_size) % span;
-                            Request {
-                                op,
-                                local: local + off,
-                                remote: remote_base + off,
-                                len: flags.block_size,
-                            }
+                    // Per target: this thread's batch, at the same offsets on both sides.
+                    let batches: Vec<Vec<Request>> = targets
+                        .iter()
+                        .map(|t| {
+                            (0..batch_size)
+                                .map(|j| {
+                                    let off = ((tid * batch_size + j) as u64 * block_size) % t.span;
+                                    Request {
+                                        op,
+                                        local: local + off,
+                                        remote: t.remote + off,
+                                        len: block_size,
+                                    }
+                                })
+                                .collect()
                         })
                         .collect();
-                    let mut batches = 0u64;
+                    let mut done = 0u64;
                     let mut latencies = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
+                        let k = target_of(tid, done, targets.len());
+                        let (Some(target), Some(requests)) = (targets.get(k), batches.get(k))
+                        else {
+                            break;
+                        };
                         let t = Instant::now();
                         // SAFETY: requests address our registered buffer, alive for the whole run.
-                        unsafe { engine.transfer_sync(&flags.segment_id, &requests) }?;
+                        unsafe { engine.transfer_sync(&target.segment, requests) }?;
                         latencies.push(t.elapsed());
-                        batches += 1;
+                        done += 1;
                     }
-                    Ok((batches, latencies))
+                    Ok((done, latencies))
                 })
             })
             .collect();
@@ -246,6 +292,7 @@ fn initiate(
             .collect()
     });
     let elapsed = started.elapsed().as_secs_f64();
+    let usage = Usage::now().since(&usage_before);
     let mut batches = 0;
     let mut lat = Vec::new();
     for r in results {
@@ -253,33 +300,32 @@ fn initiate(
         batches += b;
         lat.extend(l);
     }
-    lat.sort();
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 - 1.0) * p).round() as usize)
-            .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    let latencies = Latencies::new(lat);
+    let operation = format!("{:?}", flags.operation).to_lowercase();
+    let summary = Summary {
+        workload: flags.workload.name(),
+        operation: &operation,
+        block_size,
+        batch_size,
+        threads,
+        targets: targets.len(),
+        elapsed_s: elapsed,
+        batches,
+        latencies: &latencies,
+        usage,
     };
-    let requests = batches * flags.batch_size as u64;
-    let bytes = requests * flags.block_size;
-    let rate = bytes as f64 / elapsed / unit.0;
+    let requests = summary.requests();
+    let rate = summary.bytes() as f64 / elapsed / unit.0;
     println!(
         "Test completed: duration {elapsed:.2}, batch count {batches}, throughput {rate:.prec$} {}/s, {:.0} requests/s, batch latency p50 {:.1} us p99 {:.1} us",
         unit.1,
         requests as f64 / elapsed,
-        pct(0.5),
-        pct(0.99),
+        latencies.quantile_us(0.5),
+        latencies.quantile_us(0.99),
         prec = flags.report_precision
     );
     if flags.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "operation": format!("{:?}", flags.operation).to_lowercase(),
-                "block_size": flags.block_size, "batch_size": flags.batch_size, "threads": flags.threads,
-                "duration_s": elapsed, "batches": batches, "requests": requests, "bytes": bytes,
-                "gb_per_s": bytes as f64 / elapsed / 1e9, "requests_per_s": requests as f64 / elapsed,
-                "latency_p50_us": pct(0.5), "latency_p99_us": pct(0.99),
-            })
-        );
+        println!("{}", summary.json());
     }
     Ok(())
 }
@@ -376,5 +422,27 @@ mod tests {
             assert!(err.contains(&format!("--protocol={refused} ")), "{err}");
             assert!(err.contains("tcp, rdma"), "{err}");
         }
+    }
+
+    #[test]
+    fn workload_flags_parse_and_explicit_sizes_win() {
+        let f = Flags::try_parse_from([
+            "bench",
+            "--workload=serving",
+            "--segment_id=127.0.0.1:1,127.0.0.1:2",
+            "--threads=3",
+        ])
+        .unwrap();
+        assert_eq!(f.workload, Workload::Serving);
+        let shape = f
+            .workload
+            .resolve(f.block_size, f.batch_size, f.threads)
+            .unwrap();
+        assert_eq!(
+            (shape.block_size, shape.batch_size, shape.threads),
+            (32768, 32, 3)
+        );
+        assert_eq!(parse_segments(&f.segment_id).unwrap().len(), 2);
+        assert!(Flags::try_parse_from(["bench", "--workload=bulk"]).is_err());
     }
 }

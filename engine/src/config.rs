@@ -85,8 +85,8 @@ pub struct Config {
     /// `MC_TCP_STATUS_TIMEOUT_SEC`: deadline for a status frame or any stalled socket I/O.
     pub tcp_status_timeout: Duration,
     /// `MC_TCP_LANES_PER_PEER` (alias `MC_TCP_MAX_CONNECTIONS_PER_PEER`): parallel
-    /// persistent connections to each peer, 1–16; default 4, or the number of
-    /// CPUs when fewer (more lanes than cores only add context switches).
+    /// persistent connections to each peer, 1–16; default from the CPUs this process may
+    /// run on ([`lanes_for_cpus`]).
     pub tcp_lanes_per_peer: usize,
     /// `MC_TCP_STRIPE_SIZE` (ours): requests larger than this are split into
     /// stripes that travel on different lanes.
@@ -94,6 +94,9 @@ pub struct Config {
     /// `MC_TCP_PIPELINE_DEPTH` (ours): requests in flight per lane before the
     /// sender waits for replies.
     pub tcp_pipeline_depth: usize,
+    /// `MC_TCP_SPIN_US` (ours): how long a TCP thread looks for the next step of a lone small
+    /// request before it sleeps (0 to 1000 µs); default from the CPUs ([`spin_for_cpus`]).
+    pub tcp_spin: Duration,
     /// `MC_TCP_LINK_IDLE_SEC` (ours): connections and lane threads to a peer are closed
     /// after this long without work (or once the peer is gone); reopened on next use.
     pub tcp_link_idle_timeout: Duration,
@@ -229,6 +232,7 @@ impl Default for Config {
             tcp_lanes_per_peer: default_lanes(),
             tcp_stripe_size: 4 << 20,
             tcp_pipeline_depth: 16,
+            tcp_spin: spin_for_cpus(available_cpus()),
             tcp_link_idle_timeout: Duration::from_secs(120),
             metrics_port: None,
             metrics_bind_address: None,
@@ -263,8 +267,34 @@ impl Default for Config {
     }
 }
 
+fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get())
+}
+
 fn default_lanes() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get().clamp(1, 4))
+    lanes_for_cpus(available_cpus())
+}
+
+/// How long TCP threads spin before sleeping, for a process that may run on `cpus` CPUs:
+/// 50 µs from 8 CPUs on, where a CPU to spare is likely and a sleeping thread's wake-up
+/// (tens of µs, more under virtualisation) is most of a small request's time; none below,
+/// where a spinning thread takes the CPU the thread it waits for needs.
+pub fn spin_for_cpus(cpus: usize) -> Duration {
+    if cpus >= 8 {
+        Duration::from_micros(50)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Lanes per peer for a process that may run on `cpus` CPUs (its affinity mask and cgroup
+/// quota, as `available_parallelism` counts them): one per CPU up to 4, then half the CPUs
+/// up to 8. Each lane is a sending and a receiving thread here and a serving thread on the
+/// peer, so more lanes than that only add context switches. On the 16-core host 8 lanes
+/// moved 1.8x the bytes of 4 for 4 MiB writes (docs/benchmarks.md, issue 12). NUMA is not
+/// considered: the hosts measured have one node.
+pub fn lanes_for_cpus(cpus: usize) -> usize {
+    cpus.clamp(1, 4).max((cpus / 2).min(8))
 }
 
 /// Variables accepted only for compatibility: they tune upstream's bounded
@@ -375,6 +405,12 @@ impl Config {
                 return Err(env.error("MC_TCP_PIPELINE_DEPTH", "1 to 1024"));
             }
             c.tcp_pipeline_depth = n;
+        }
+        if let Some(us) = env.int::<u64>("MC_TCP_SPIN_US", "0 to 1000 microseconds")? {
+            if us > 1000 {
+                return Err(env.error("MC_TCP_SPIN_US", "0 to 1000 microseconds"));
+            }
+            c.tcp_spin = Duration::from_micros(us);
         }
         if let Some(s) = env.int::<u64>("MC_TCP_LINK_IDLE_SEC", "whole seconds, at least 1")? {
             c.tcp_link_idle_timeout = Duration::from_secs(nonzero("MC_TCP_LINK_IDLE_SEC", s)?);
@@ -769,6 +805,7 @@ mod tests {
             ("MC_HANDSHAKE_MAX_LENGTH", "2048"),
             ("MC_TCP_PROTO", "1"),
             ("MC_TCP_LANES_PER_PEER", "2"),
+            ("MC_TCP_SPIN_US", "20"),
             ("MC_TCP_BIND_ADDRESS", "127.0.0.1"),
             ("MC_LOG_LEVEL", "warning"),
             ("MC_HANDSHAKE_SERVER_TIMEOUT", "3"),
@@ -788,6 +825,7 @@ mod tests {
         assert_eq!(c.handshake_max_length, 2048);
         assert_eq!(c.tcp_proto, Some(1));
         assert_eq!(c.tcp_lanes_per_peer, 2);
+        assert_eq!(c.tcp_spin, Duration::from_micros(20));
         assert_eq!(c.log_level, LogLevel::Warning);
         assert_eq!(c.handshake_server_timeout, Duration::from_secs(3));
         assert_eq!(c.handshake_timeout, Duration::from_secs(20));
@@ -804,6 +842,21 @@ mod tests {
     fn timeout_is_clamped_to_five_seconds() {
         let c = parse(&[("MC_TRANSFER_TIMEOUT", "1")]).unwrap();
         assert_eq!(c.transfer_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn default_lanes_grow_with_cpus_and_never_fall_below_the_old_default() {
+        let lanes: Vec<usize> = [1, 2, 3, 4, 8, 10, 16, 32, 128]
+            .iter()
+            .map(|&n| lanes_for_cpus(n))
+            .collect();
+        assert_eq!(lanes, [1, 2, 3, 4, 4, 5, 8, 8, 8]);
+        assert_eq!(spin_for_cpus(2), Duration::ZERO);
+        assert_eq!(spin_for_cpus(16), Duration::from_micros(50));
+        for n in 1..=256 {
+            assert!(lanes_for_cpus(n) >= n.clamp(1, 4), "{n} CPUs");
+            assert!(lanes_for_cpus(n) <= 16, "{n} CPUs");
+        }
     }
 
     #[test]
@@ -827,6 +880,8 @@ mod tests {
             ("MC_HANDSHAKE_MAX_LENGTH", "999999999"),
             ("MC_TCP_PROTO", "3"),
             ("MC_TCP_LANES_PER_PEER", "17"),
+            ("MC_TCP_SPIN_US", "1001"),
+            ("MC_TCP_SPIN_US", "fast"),
             ("MC_TCP_STATUS_TIMEOUT_SEC", "0"),
             ("MC_TCP_BIND_ADDRESS", "localhost"),
             ("MC_METRICS_PORT", "70000"),

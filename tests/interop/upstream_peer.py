@@ -86,7 +86,9 @@ bench-initiator --peer SESSION --peer-buffer ADDR --peer-size N --block-size B
     Each of T threads (default 1) loops batch_transfer_sync_{write,read} of K requests of B
     bytes for D seconds; thread t uses local and peer offsets ((t*K + j) * B) mod the usable
     size, so the peer buffer should hold at least T*K*B bytes (offsets wrap otherwise).
-    Prints {"gbps": bytes/1e9/elapsed, "req_per_s": ..., ...}.
+    Prints {"gbps": bytes/1e9/elapsed, "req_per_s": ..., "batch_p50_us": ..., ...}.
+    Several targets: --peer A,B,... with --peer-buffer ADDR_A,ADDR_B,... (same order); batch
+    n of thread t goes to target (t + n) mod count, as our bench's --segment_id=A,B,... does.
     --latency: single transfer_sync_{write,read} of --block-size bytes (default 4096 in this
     mode), one at a time, for D seconds after --warmup transfers; prints p50/p90/p99/max/mean
     in microseconds.
@@ -493,6 +495,12 @@ def run_bench_initiator(args) -> int:
     op = args.op
     peer, paddr, psize = args.peer, args.peer_buffer, args.peer_size
     base = {"mode": "bench-initiator", "session_id": session_id, "peer": peer, "op": op, "threads": args.threads}
+    peers = [p.strip() for p in peer.split(",")]
+    paddrs = [parse_int(a) for a in str(paddr).split(",")]
+    if len(paddrs) != len(peers) or not all(peers):
+        raise Failure(f"--peer lists {len(peers)} targets and --peer-buffer {len(paddrs)} addresses")
+    # Latency mode: the first target.
+    peer, paddr = peers[0], paddrs[0]
 
     if args.latency:
         bsz = args.block_size or 4096
@@ -541,28 +549,34 @@ def run_bench_initiator(args) -> int:
     register(engine, buf)
     fn = engine.batch_transfer_sync_write if op == "write" else engine.batch_transfer_sync_read
 
-    per_thread = [dict(batches=0, error=None) for _ in range(tt)]
+    per_thread = [dict(batches=0, error=None, lat=[]) for _ in range(tt)]
     stop = threading.Event()
     start_barrier = threading.Barrier(tt + 1)
 
     def worker(t: int):
         idx = [(t * kk + j) for j in range(kk)]
         locs = [buf.addr + (i % local_slots) * bsz for i in idx]
-        remotes = [paddr + (i % slots) * bsz for i in idx]
+        remotes = [[pa + (i % slots) * bsz for i in idx] for pa in paddrs]
         lens = [bsz] * kk
         st = per_thread[t]
+        lat = st["lat"]
+        pc = time.perf_counter_ns
         start_barrier.wait()
         while not stop.is_set():
-            rc = fn(peer, locs, remotes, lens)
+            k = (t + st["batches"]) % len(peers)
+            t0 = pc()
+            rc = fn(peers[k], locs, remotes[k], lens)
+            lat.append(pc() - t0)
             if rc != 0:
                 st["error"] = f"batch_transfer_sync_{op} returned {rc} (thread {t}, after {st['batches']} batches)"
                 stop.set()
                 return
             st["batches"] += 1
 
-    # One warm-up batch (opens the segment, fetches the descriptor) outside the timed window.
-    check_rc(f"batch_transfer_sync_{op} (warmup)",
-             fn(peer, [buf.addr], [paddr], [bsz]))
+    # One warm-up batch per target (opens the segment, fetches the descriptor) outside the
+    # timed window.
+    for p, pa in zip(peers, paddrs):
+        check_rc(f"batch_transfer_sync_{op} to {p} (warmup)", fn(p, [buf.addr], [pa], [bsz]))
     threads = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(tt)]
     for th in threads:
         th.start()
@@ -577,9 +591,15 @@ def run_bench_initiator(args) -> int:
     errors = [s["error"] for s in per_thread if s["error"]]
     reqs = batches * kk
     nbytes = reqs * bsz
+    lat = sorted(x for s in per_thread for x in s["lat"])
+
+    def bpct(p):
+        return round(lat[min(len(lat) - 1, int(p / 100.0 * len(lat)))] / 1000.0, 1) if lat else None
+
     out = {**base, "ok": not errors, "latency": False, "block_size": bsz, "batch_size": kk,
-           "seconds": round(elapsed, 3), "batches": batches, "requests": reqs, "bytes": nbytes,
-           "gbps": round(nbytes / 1e9 / elapsed, 3), "req_per_s": round(reqs / elapsed, 1)}
+           "targets": len(peers), "seconds": round(elapsed, 3), "batches": batches,
+           "requests": reqs, "bytes": nbytes, "gbps": round(nbytes / 1e9 / elapsed, 3),
+           "req_per_s": round(reqs / elapsed, 1), "batch_p50_us": bpct(50), "batch_p99_us": bpct(99)}
     if errors:
         out["error"] = "; ".join(errors)
         emit(out)
@@ -639,8 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     nt.add_argument("--msg", required=True)
 
     b = sub.add_parser("bench-initiator", parents=[common], help="throughput / latency benchmark")
-    b.add_argument("--peer", required=True)
-    b.add_argument("--peer-buffer", type=parse_int, required=True)
+    b.add_argument("--peer", required=True, help="HOST:PORT, or several comma-separated")
+    b.add_argument("--peer-buffer", required=True, help="ADDR, or one per --peer, comma-separated")
     b.add_argument("--peer-size", type=parse_int, required=True)
     b.add_argument("--block-size", type=parse_int, default=None, help="default 65536 (4096 with --latency)")
     b.add_argument("--batch-size", type=int, default=64)

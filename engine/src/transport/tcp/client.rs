@@ -4,8 +4,10 @@
 //! A lane thread takes slices from the peer's queue, [takes](crate::transport::Slice::take)
 //! each on its connection, writes header and payload, and only then hands the slice to
 //! the connection's receiver thread, which reads the status frame (v2) and, for reads,
-//! the data. So at any moment one thread owns a slice and its memory, and a cut of the
-//! connection stops that thread's I/O. The queue is unbounded: any batch size is
+//! the data; when nothing else is queued or awaiting a reply on that connection, the lane
+//! reads the reply itself (one thread hand-off fewer for lone small requests). So at any
+//! moment one thread owns a slice and its memory, and a cut of the connection stops that
+//! thread's I/O. The queue is unbounded: any batch size is
 //! accepted and the lanes drain it at the speed of the network (backpressure, never
 //! rejection). A slice whose connection breaks is re-sent once on a fresh connection;
 //! a peer that refuses connections fails queued slices at once instead of once per
@@ -18,8 +20,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
-use parking_lot::Mutex;
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvError, Sender, TryRecvError};
+use parking_lot::{Condvar, Mutex};
 
 use super::cut_reader::CutStream;
 use crate::config::Config;
@@ -30,6 +32,13 @@ use crate::wire::tcp::{OpCode, RequestHeader, Status, STATUS_LEN};
 
 /// How long a failed connect keeps failing new slices without retrying.
 const DEAD_PEER_HOLD: Duration = Duration::from_millis(500);
+
+/// Bytes of reads a lane may have asked for and not yet received (beyond two requests)
+/// before it leaves the peer's queue to the other lanes. A read request is a header, sent
+/// in an instant: without this bound the first lanes to wake took `MC_TCP_PIPELINE_DEPTH`
+/// requests each and the rest of the lanes stayed idle (4 of 8 lanes carried a batch of
+/// 64 reads on the 16-core host, which is why reads did not scale with lanes).
+const READ_BYTES_PER_LANE: u64 = 512 << 10;
 
 /// Connection counters of every link (and the data server) of one TCP transport.
 pub use crate::metrics::ConnectionCounters as LinkCounters;
@@ -52,6 +61,9 @@ struct LinkShared {
     connect_timeout: Duration,
     io_timeout: Duration,
     depth: usize,
+    /// How long a lane looks for a lone small request's reply, and then for the next
+    /// request, before sleeping.
+    spin: Duration,
     tx: Sender<LaneMsg>,
     dead: Mutex<Option<(Instant, String)>>,
     /// Every open connection, so shutdown can unblock their threads.
@@ -81,6 +93,7 @@ impl PeerLink {
             connect_timeout: cfg.handshake_connect_timeout,
             io_timeout: cfg.tcp_status_timeout,
             depth: cfg.tcp_pipeline_depth,
+            spin: cfg.tcp_spin,
             tx,
             dead: Mutex::new(None),
             open: Mutex::new(Vec::new()),
@@ -230,7 +243,19 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
     let mut conn: Option<Conn> = None;
     // This lane's connection broke and has not been replaced yet.
     let mut broke = false;
-    while let Ok(LaneMsg::Work(slice)) = rx.recv() {
+    // The last slice was a lone small request (its reply read here): the next may follow
+    // within microseconds, so look for it awake. Under load the queue is rarely empty and
+    // a spinning thread would only take a CPU from one with work.
+    let mut lone = false;
+    loop {
+        if let Some(c) = conn.as_ref() {
+            c.pending.wait_below(READ_BYTES_PER_LANE, &c.broken);
+        }
+        let spin = if lone { shared.spin } else { Duration::ZERO };
+        let Ok(LaneMsg::Work(slice)) = next(&rx, spin) else {
+            break;
+        };
+        lone = false;
         if slice.batch.is_canceled() {
             shared.fail(
                 slice,
@@ -267,7 +292,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
         }
         let Some(c) = conn.as_mut() else { continue };
         match slice.take(&c.holder, &mut c.last_batch) {
-            Some(held) => c.send(held, &shared),
+            Some(held) => lone = c.send(held, &shared, rx.is_empty()),
             // Finished by `take` (canceled batch or unregistered buffer).
             None => {
                 shared.busy.fetch_sub(1, Ordering::AcqRel);
@@ -285,6 +310,8 @@ struct Conn {
     /// The batch this connection last took a slice of (see `Slice::take`).
     last_batch: u64,
     inflight: Option<Sender<Held>>,
+    /// Slices handed to the receiver whose reply it has not read yet.
+    pending: Arc<InFlight>,
     broken: Arc<AtomicBool>,
     receiver: Option<JoinHandle<()>>,
 }
@@ -297,14 +324,15 @@ impl Conn {
         stream.set_write_timeout(Some(shared.io_timeout))?;
         let (tx, rx) = bounded(shared.depth);
         let broken = Arc::new(AtomicBool::new(false));
+        let pending = Arc::new(InFlight::default());
         let read_half = stream.try_clone()?;
         let cut = Arc::new(SocketCut::new(stream.try_clone()?));
         let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
         shared.open.lock().push((id, cut.clone()));
-        let (s, b, c) = (shared.clone(), broken.clone(), cut.clone());
+        let (s, b, c, p) = (shared.clone(), broken.clone(), cut.clone(), pending.clone());
         let receiver = std::thread::Builder::new()
             .name(format!("te-recv-{}", shared.peer.port()))
-            .spawn(move || receive(read_half, rx, b, c, s));
+            .spawn(move || receive(read_half, rx, b, c, p, s));
         let receiver = match receiver {
             Ok(r) => r,
             Err(e) => {
@@ -320,6 +348,7 @@ impl Conn {
             last_batch: 0,
             cut,
             inflight: Some(tx),
+            pending,
             broken,
             receiver: Some(receiver),
         })
@@ -334,7 +363,8 @@ impl Conn {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
-    fn send(&mut self, held: Held, shared: &LinkShared) {
+    /// Sends `held`; true if it was a lone small request whose reply was read here.
+    fn send(&mut self, held: Held, shared: &LinkShared, queue_empty: bool) -> bool {
         let s = held.slice();
         let header = RequestHeader {
             size: s.len,
@@ -364,20 +394,37 @@ impl Conn {
         if let Err(e) = sent {
             tracing::debug!("send to {} failed: {e}", shared.peer);
             self.break_off();
-            return shared.retry_or_fail(held, &format!("send failed: {e}"));
+            shared.retry_or_fail(held, &format!("send failed: {e}"));
+            return false;
         }
         if !shared.v2 && held.slice().op == OpCode::Write {
             // v1 writes carry no acknowledgement: done once the bytes left.
-            return shared.complete(held, Ok(()));
+            shared.complete(held, Ok(()));
+            return false;
+        }
+        // Nothing else queued and no reply outstanding on this connection (the receiver
+        // has read every earlier one): this reply is the next on the socket, and reading it
+        // here saves waking the receiver thread, a cross-core hand-off per request that
+        // dominates small single requests on hosts with many cores.
+        if queue_empty && self.pending.is_empty() {
+            let small = held.slice().len <= super::spin::SMALL_REQUEST;
+            let spin = if small { shared.spin } else { Duration::ZERO };
+            let settled = settle(&self.stream, held, shared, &self.cut, &self.broken, spin);
+            return small && settled.is_none();
         }
         // The payload is out: from here the receiver owns the slice and its memory.
         let Some(inflight) = self.inflight.as_ref() else {
-            return shared.retry_or_fail(held, "connection closed");
+            shared.retry_or_fail(held, "connection closed");
+            return false;
         };
+        let owed = owed_bytes(held.slice());
+        self.pending.add(owed);
         if let Err(e) = inflight.send(held) {
+            self.pending.done(owed);
             self.break_off();
             shared.retry_or_fail(e.into_inner(), "receiver stopped");
         }
+        false
     }
 }
 
@@ -393,6 +440,69 @@ impl Drop for Conn {
     }
 }
 
+/// What the receiver of a connection has still to read, and a way for the lane to wait
+/// until that falls under its share.
+#[derive(Default)]
+struct InFlight {
+    slices: AtomicUsize,
+    /// Payload bytes of reads still to come.
+    bytes: AtomicU64,
+    /// The lane waits in `wait_below` (so `done` must wake it).
+    waiting: AtomicBool,
+    lock: Mutex<()>,
+    fell: Condvar,
+}
+
+impl InFlight {
+    fn add(&self, owed: u64) {
+        self.slices.fetch_add(1, Ordering::SeqCst);
+        self.bytes.fetch_add(owed, Ordering::SeqCst);
+    }
+
+    fn done(&self, owed: u64) {
+        self.bytes.fetch_sub(owed, Ordering::SeqCst);
+        self.slices.fetch_sub(1, Ordering::SeqCst);
+        // SeqCst with `wait_below`: either the lane sees the smaller count, or we see it
+        // waiting and wake it.
+        if self.waiting.load(Ordering::SeqCst) {
+            let _guard = self.lock.lock();
+            self.fell.notify_one();
+        }
+    }
+
+    /// No reply outstanding: the next reply on the socket is the next request's.
+    fn is_empty(&self) -> bool {
+        self.slices.load(Ordering::SeqCst) == 0
+    }
+
+    fn over(&self, cap: u64) -> bool {
+        self.slices.load(Ordering::SeqCst) >= 2 && self.bytes.load(Ordering::SeqCst) >= cap
+    }
+
+    /// Waits while more than two requests and at least `cap` bytes of reads are owed, and
+    /// the connection is not `broken`.
+    fn wait_below(&self, cap: u64, broken: &AtomicBool) {
+        if !self.over(cap) {
+            return;
+        }
+        self.waiting.store(true, Ordering::SeqCst);
+        let mut guard = self.lock.lock();
+        while self.over(cap) && !broken.load(Ordering::Acquire) {
+            // The timeout only guards against a receiver that stopped without a word.
+            self.fell.wait_for(&mut guard, Duration::from_millis(10));
+        }
+        self.waiting.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Bytes the peer still owes for a slice once its request is sent: a read's data.
+fn owed_bytes(slice: &Slice) -> u64 {
+    match slice.op {
+        OpCode::Read => slice.len,
+        OpCode::Write => 0,
+    }
+}
+
 enum Reply {
     Done,
     Rejected,
@@ -403,50 +513,90 @@ fn receive(
     rx: Receiver<Held>,
     broken: Arc<AtomicBool>,
     cut: Arc<SocketCut>,
+    pending: Arc<InFlight>,
     shared: Arc<LinkShared>,
 ) {
     let mut failure: Option<String> = None;
-    for held in rx.iter() {
-        if let Some(why) = &failure {
-            shared.retry_or_fail(held, why);
-            continue;
+    // Never spins: it serves pipelined requests, where spinning took CPUs from threads
+    // with work (15% of 64 KiB throughput on the 16-core host).
+    while let Ok(held) = rx.recv() {
+        let owed = owed_bytes(held.slice());
+        match &failure {
+            Some(why) => shared.retry_or_fail(held, why),
+            None => failure = settle(&stream, held, &shared, &cut, &broken, Duration::ZERO),
         }
-        match read_reply(&stream, &held, shared.v2, &cut) {
-            Ok(Reply::Done) => shared.complete(held, Ok(())),
-            Ok(Reply::Rejected) => {
-                let s = held.slice();
-                let err = TransferError::AddressRejected {
-                    peer: shared.peer.to_string(),
-                    addr: s.remote,
-                    len: s.len,
-                };
-                shared.complete(held, Err(err));
-            }
-            Err(ReplyError::Protocol(why)) => {
-                broken.store(true, Ordering::Release);
-                let _ = stream.shutdown(Shutdown::Both);
-                let err = TransferError::Protocol {
-                    peer: shared.peer.to_string(),
-                    reason: why.clone(),
-                };
-                shared.complete(held, Err(err));
-                failure = Some(why);
-            }
-            Err(ReplyError::Io(e)) => {
-                broken.store(true, Ordering::Release);
-                let _ = stream.shutdown(Shutdown::Both);
-                let why = match e.kind() {
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
-                        "no reply within {:?} (MC_TCP_STATUS_TIMEOUT_SEC)",
-                        shared.io_timeout
-                    ),
-                    _ => format!("receive failed: {e}"),
-                };
-                shared.retry_or_fail(held, &why);
-                failure = Some(why);
-            }
+        // After the reply was read: the lane may now read the next one itself.
+        pending.done(owed);
+    }
+}
+
+/// Reads the reply to `held` (looking for it awake for `spin` first) and completes it; on
+/// a broken connection, marks it `broken`, shuts the socket down and returns why (later
+/// slices in flight on it cannot succeed).
+fn settle(
+    stream: &TcpStream,
+    held: Held,
+    shared: &LinkShared,
+    cut: &SocketCut,
+    broken: &AtomicBool,
+    spin: Duration,
+) -> Option<String> {
+    // A lone small request's reply comes within microseconds: wait for it awake. An error
+    // here shows again in the read below.
+    super::spin::spin_for(spin, || {
+        crate::net::wait_readable(stream, Duration::ZERO)
+            .map_or(Some(()), |ready| ready.then_some(()))
+    });
+    match read_reply(stream, &held, shared.v2, cut) {
+        Ok(Reply::Done) => {
+            shared.complete(held, Ok(()));
+            None
+        }
+        Ok(Reply::Rejected) => {
+            let s = held.slice();
+            let err = TransferError::AddressRejected {
+                peer: shared.peer.to_string(),
+                addr: s.remote,
+                len: s.len,
+            };
+            shared.complete(held, Err(err));
+            None
+        }
+        Err(ReplyError::Protocol(why)) => {
+            broken.store(true, Ordering::Release);
+            let _ = stream.shutdown(Shutdown::Both);
+            let err = TransferError::Protocol {
+                peer: shared.peer.to_string(),
+                reason: why.clone(),
+            };
+            shared.complete(held, Err(err));
+            Some(why)
+        }
+        Err(ReplyError::Io(e)) => {
+            broken.store(true, Ordering::Release);
+            let _ = stream.shutdown(Shutdown::Both);
+            let why = match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
+                    "no reply within {:?} (MC_TCP_STATUS_TIMEOUT_SEC)",
+                    shared.io_timeout
+                ),
+                _ => format!("receive failed: {e}"),
+            };
+            shared.retry_or_fail(held, &why);
+            Some(why)
         }
     }
+}
+
+/// The next message of `rx`, looked for without sleeping for up to `spin` first: work
+/// that follows within microseconds is taken without a wake-up.
+fn next<T>(rx: &Receiver<T>, spin: Duration) -> Result<T, RecvError> {
+    let found = super::spin::spin_for(spin, || match rx.try_recv() {
+        Ok(msg) => Some(Ok(msg)),
+        Err(TryRecvError::Disconnected) => Some(Err(RecvError)),
+        Err(TryRecvError::Empty) => None,
+    });
+    found.unwrap_or_else(|| rx.recv())
 }
 
 enum ReplyError {

@@ -10,6 +10,7 @@
 pub mod client;
 mod cut_reader;
 pub mod server;
+mod spin;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

@@ -38,6 +38,8 @@ struct Shared {
     slots: Arc<ConnLimiter>,
     /// A connection without a request for this long is closed.
     idle_timeout: Duration,
+    /// How long a connection's thread looks for the next request before it sleeps.
+    spin: Duration,
     refusal_log: LogThrottle,
     idle_log: LogThrottle,
     /// Bytes served are counted here (the transport's counters).
@@ -69,6 +71,7 @@ impl TcpServer {
                 config.tcp_server_max_connections_per_ip,
             ),
             idle_timeout: config.tcp_server_idle_timeout,
+            spin: config.tcp_spin,
             refusal_log: LogThrottle::per_second(),
             idle_log: LogThrottle::per_second(),
             counters,
@@ -178,25 +181,38 @@ fn serve(
     };
     let mut header = [0u8; HEADER_LEN];
     let mut scratch = Vec::new();
+    // The last request was small: a client issuing small requests one after another sends
+    // the next within microseconds. After large ones the time goes to moving bytes, and a
+    // spinning thread would only take a CPU from one that moves them.
+    let mut small = false;
     loop {
-        // Idle connections wait here until the idle timeout, and notice shutdown.
+        // Idle connections wait here until the idle timeout, and notice shutdown; after a
+        // small request, awake for a moment first.
         cut.set_deadline(None);
         let idle_since = Instant::now();
-        loop {
-            if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
-                return Ok(());
-            }
-            if net::wait_readable(&stream, Duration::from_millis(200))? {
-                break;
-            }
-            if idle_since.elapsed() >= shared.idle_timeout {
-                if let Some(left_out) = shared.idle_log.allow() {
-                    tracing::warn!(
-                        "data connection from {peer} closed: no request for {:?} (MC_TCP_SERVER_IDLE_TIMEOUT); {left_out} such lines left out",
-                        shared.idle_timeout
-                    );
+        let spin = if small { shared.spin } else { Duration::ZERO };
+        let early = super::spin::spin_for(spin, || {
+            net::wait_readable(&stream, Duration::ZERO)
+                .map_or(Some(()), |ready| ready.then_some(()))
+        })
+        .is_some();
+        if !early {
+            loop {
+                if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
+                    return Ok(());
                 }
-                return Ok(());
+                if net::wait_readable(&stream, Duration::from_millis(200))? {
+                    break;
+                }
+                if idle_since.elapsed() >= shared.idle_timeout {
+                    if let Some(left_out) = shared.idle_log.allow() {
+                        tracing::warn!(
+                            "data connection from {peer} closed: no request for {:?} (MC_TCP_SERVER_IDLE_TIMEOUT); {left_out} such lines left out",
+                            shared.idle_timeout
+                        );
+                    }
+                    return Ok(());
+                }
             }
         }
         // The header, once its first byte is here, within the I/O timeout.
@@ -206,6 +222,7 @@ fn serve(
         }
         let h = RequestHeader::decode(&header)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        small = h.size <= super::spin::SMALL_REQUEST;
         // The whole request (payload in, status and data out) within the I/O timeout plus
         // 1 ns per byte, as upstream bounds a transfer: a peer that sends a byte at a time
         // holds this connection, its thread and any staging for that long at most.

@@ -1,0 +1,82 @@
+//! The TCP paths that only many-core hosts take by default, forced on here: lanes and data
+//! servers that spin (`MC_TCP_SPIN_US`), lone requests whose reply the lane reads itself,
+//! and reads spread over lanes by the bytes owed to each. Every byte is checked.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
+use std::time::Duration;
+
+use transfer_engine::{Config, HostBuffer, OpCode, Request, TransferEngine};
+
+fn spinning() -> Config {
+    Config {
+        tcp_spin: Duration::from_micros(200),
+        tcp_lanes_per_peer: 8,
+        ..Config::default()
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn lone_and_batched_requests_move_the_right_bytes_while_threads_spin() {
+    let target = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", spinning()).unwrap();
+    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", spinning()).unwrap();
+    let len = 8 << 20;
+    let remote = HostBuffer::new(len);
+    target
+        .register_memory(remote.addr(), len as u64, "cpu:0")
+        .unwrap();
+    let local = HostBuffer::new(len);
+    let peer = target.session_id().to_string();
+
+    // Lone 4 KiB requests, one after another: the lane reads each reply itself.
+    for round in 0..200u32 {
+        let off = (round as usize * 4096 * 7) % (len - 4096);
+        let bytes = pattern(4096, round as u8);
+        local.write_at(off, &bytes).unwrap();
+        let (here, there) = (local.addr() + off as u64, remote.addr() + off as u64);
+        let w = Request::new(OpCode::Write, here, there, 4096);
+        // SAFETY: both buffers outlive the call.
+        unsafe { initiator.transfer_sync(&peer, &[w]) }.unwrap();
+        local.write_at(off, &[0u8; 4096]).unwrap();
+        let r = Request::new(OpCode::Read, here, there, 4096);
+        // SAFETY: as above.
+        unsafe { initiator.transfer_sync(&peer, &[r]) }.unwrap();
+        assert_eq!(local.read_at(off, 4096).unwrap(), bytes, "round {round}");
+        assert_eq!(remote.read_at(off, 4096).unwrap(), bytes, "round {round}");
+    }
+
+    // A batch of 64 reads of 64 KiB, then of 2 of 4 MiB: spread over lanes by bytes owed.
+    for (block, count) in [(64usize << 10, 64usize), (4 << 20, 2)] {
+        let expect = pattern(block * count, block as u8);
+        remote.write_at(0, &expect).unwrap();
+        local.write_at(0, &vec![0u8; block * count]).unwrap();
+        let reqs: Vec<Request> = (0..count)
+            .map(|i| {
+                let off = (i * block) as u64;
+                Request::new(
+                    OpCode::Read,
+                    local.addr() + off,
+                    remote.addr() + off,
+                    block as u64,
+                )
+            })
+            .collect();
+        // SAFETY: as above.
+        unsafe { initiator.transfer_sync(&peer, &reqs) }.unwrap();
+        assert!(
+            local.read_at(0, block * count).unwrap() == expect,
+            "{count} x {block}"
+        );
+    }
+}
