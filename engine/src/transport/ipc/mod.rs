@@ -64,6 +64,9 @@ const GROUP_BYTES: u64 = 16 << 20;
 /// ... or of this many copies, whichever comes first (scattered small blocks).
 const GROUP_COPIES: usize = 32;
 
+/// How long a peer process found alive is taken to be alive by [`Transport::takes`].
+const ALIVE_FOR: Duration = Duration::from_millis(1);
+
 /// Kinds of per-peer decisions, logged once each time they change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Decision {
@@ -86,6 +89,9 @@ pub struct IpcTransport {
     imports: Imports,
     /// Per peer, the kind of the last decision logged (so each is logged once).
     decisions: Mutex<HashMap<String, Decision>>,
+    /// The peer pid last found alive, and when: [`Transport::takes`] runs per request,
+    /// and a liveness check is a system call.
+    alive: Mutex<Option<(u32, Instant)>>,
     /// Our segment name (the `exporter` of our `release` messages).
     session_id: String,
     /// Where we take control messages: `host:port` of the handshake port.
@@ -138,6 +144,7 @@ impl IpcTransport {
             settings,
             host,
             decisions: Mutex::new(HashMap::new()),
+            alive: Mutex::new(None),
             session_id: session_id.to_string(),
             control: control.to_string(),
             config: config.clone(),
@@ -219,6 +226,22 @@ impl IpcTransport {
             tracing::info!("segment {}: {}", peer.name, text());
             seen.insert(peer.name.clone(), kind);
         }
+    }
+
+    /// Whether `peer`'s process has exited, checked at most once per [`ALIVE_FOR`] while
+    /// it is alive: a batch asks once per request. (A peer may exit right after any
+    /// check; this only widens that window by `ALIVE_FOR`.)
+    fn peer_gone(&self, peer: &SegmentDesc) -> bool {
+        if let (Some(pid), Some((seen, at))) = (peer.pid, *self.alive.lock()) {
+            if pid == seen && at.elapsed() < ALIVE_FOR {
+                return false;
+            }
+        }
+        let gone = self.host.peer_gone(peer);
+        if let (false, Some(pid)) = (gone, peer.pid) {
+            *self.alive.lock() = Some((pid, Instant::now()));
+        }
+        gone
     }
 
     fn open_device(&self, remote: &BufferDesc, local_device: u32) -> u32 {
@@ -442,7 +465,7 @@ impl Transport for IpcTransport {
             }
             return false;
         }
-        if self.host.peer_gone(peer) {
+        if self.peer_gone(peer) {
             self.imports.forget(&peer.name);
             self.note(peer, Decision::PeerGone, || {
                 "its process has exited; its IPC mappings are closed".into()
