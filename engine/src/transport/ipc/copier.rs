@@ -33,8 +33,8 @@ pub(super) struct Copy {
     pub mapping: Arc<Mapping>,
     /// The device whose stream issues the copy.
     pub device: u32,
-    /// The peer, for error messages.
-    pub peer: String,
+    /// The peer, for error messages (one string shared by the batch's copies).
+    pub peer: Arc<str>,
 }
 
 /// A device copy cannot be cut: see the module documentation.
@@ -80,13 +80,18 @@ impl Copier {
         while !copies.is_empty() {
             let rest = copies.split_off(per.min(copies.len()));
             let group = std::mem::replace(&mut copies, rest);
-            let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
-            if let Some(q) = self.queues.get(i) {
-                if let Err(e) = q.send(group) {
-                    for c in e.into_inner() {
-                        c.slice
-                            .finish(Err(TransferError::Canceled("the engine is shutting down")));
-                    }
+            self.post_group(group);
+        }
+    }
+
+    /// Hands `group` whole to the next thread: a piece of a batch still being cut.
+    pub fn post_group(&self, group: Vec<Copy>) {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.queues.len();
+        if let Some(q) = self.queues.get(i) {
+            if let Err(e) = q.send(group) {
+                for c in e.into_inner() {
+                    c.slice
+                        .finish(Err(TransferError::Canceled("the engine is shutting down")));
                 }
             }
         }
@@ -139,7 +144,7 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
         // Taken slices, and the copies covering them: slices adjacent on both sides (a
         // request cut into slices, consecutive blocks of a tensor) go in one copy, since
         // each copy costs microseconds beyond its bytes.
-        let mut taken: Vec<(Held, Arc<Mapping>, u32, String)> = Vec::with_capacity(group.len());
+        let mut taken: Vec<(Held, Arc<Mapping>, u32, Arc<str>)> = Vec::with_capacity(group.len());
         let mut runs: Vec<Run> = Vec::new();
         let mut failed: Vec<(Held, TransferError)> = Vec::new();
         for c in group {

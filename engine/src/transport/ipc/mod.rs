@@ -58,6 +58,15 @@ pub const PROTOCOL_CUDA: &str = "nvlink_intra";
 /// Protocol name of the MUSA IPC transport (upstream's).
 pub const PROTOCOL_MUSA: &str = "musa";
 
+/// A batch is handed to the copy threads in groups of about this many bytes as it is
+/// cut, so that the first copies run while later requests are still being resolved.
+const GROUP_BYTES: u64 = 16 << 20;
+/// ... or of this many copies, whichever comes first (scattered small blocks).
+const GROUP_COPIES: usize = 32;
+
+/// How long a peer process found alive is taken to be alive by [`Transport::takes`].
+const ALIVE_FOR: Duration = Duration::from_millis(1);
+
 /// Kinds of per-peer decisions, logged once each time they change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Decision {
@@ -80,6 +89,9 @@ pub struct IpcTransport {
     imports: Imports,
     /// Per peer, the kind of the last decision logged (so each is logged once).
     decisions: Mutex<HashMap<String, Decision>>,
+    /// The peer pid last found alive, and when: [`Transport::takes`] runs per request,
+    /// and a liveness check is a system call.
+    alive: Mutex<Option<(u32, Instant)>>,
     /// Our segment name (the `exporter` of our `release` messages).
     session_id: String,
     /// Where we take control messages: `host:port` of the handshake port.
@@ -132,6 +144,7 @@ impl IpcTransport {
             settings,
             host,
             decisions: Mutex::new(HashMap::new()),
+            alive: Mutex::new(None),
             session_id: session_id.to_string(),
             control: control.to_string(),
             config: config.clone(),
@@ -213,6 +226,22 @@ impl IpcTransport {
             tracing::info!("segment {}: {}", peer.name, text());
             seen.insert(peer.name.clone(), kind);
         }
+    }
+
+    /// Whether `peer`'s process has exited, checked at most once per [`ALIVE_FOR`] while
+    /// it is alive: a batch asks once per request. (A peer may exit right after any
+    /// check; this only widens that window by `ALIVE_FOR`.)
+    fn peer_gone(&self, peer: &SegmentDesc) -> bool {
+        if let (Some(pid), Some((seen, at))) = (peer.pid, *self.alive.lock()) {
+            if pid == seen && at.elapsed() < ALIVE_FOR {
+                return false;
+            }
+        }
+        let gone = self.host.peer_gone(peer);
+        if let (false, Some(pid)) = (gone, peer.pid) {
+            *self.alive.lock() = Some((pid, Instant::now()));
+        }
+        gone
     }
 
     fn open_device(&self, remote: &BufferDesc, local_device: u32) -> u32 {
@@ -436,7 +465,7 @@ impl Transport for IpcTransport {
             }
             return false;
         }
-        if self.host.peer_gone(peer) {
+        if self.peer_gone(peer) {
             self.imports.forget(&peer.name);
             self.note(peer, Decision::PeerGone, || {
                 "its process has exited; its IPC mappings are closed".into()
@@ -498,17 +527,17 @@ impl Transport for IpcTransport {
         peer: &SegmentDesc,
         slices: Vec<Slice>,
     ) -> Result<(), TransportError> {
-        let mut copies = Vec::with_capacity(slices.len());
+        let peer_name: Arc<str> = Arc::from(segment.to_string());
+        // Copies start while the rest of the batch is being resolved: each group of about
+        // `GROUP_BYTES` goes to a copy thread as soon as it is cut. A batch smaller than
+        // one group is spread over the threads whole, as before.
+        let mut group = Vec::with_capacity(slices.len().min(GROUP_COPIES));
+        let mut group_bytes = 0u64;
+        let mut flushed = false;
+        // Consecutive slices mostly fall in the same peer buffer: its lookup and mapping
+        // are reused (the buffer's address, the local device, where it is mapped here).
+        let mut last: Option<(&BufferDesc, u32, u64, Arc<imports::Mapping>)> = None;
         for s in slices {
-            let Some(buffer) = peer.find_buffer(s.remote, s.len) else {
-                let (peer_name, addr, len) = (segment.to_string(), s.remote, s.len);
-                s.finish(Err(TransferError::AddressRejected {
-                    peer: peer_name,
-                    addr,
-                    len,
-                }));
-                continue;
-            };
             let Some(device) = s.local_device else {
                 let reason = format!(
                     "{} moves device memory only; this request's local memory is host memory (use protocol tcp for host memory)",
@@ -520,29 +549,62 @@ impl Transport for IpcTransport {
                 }));
                 continue;
             };
-            match self
-                .imports
-                .resolve(peer, buffer, self.open_device(buffer, device), &|shm| {
-                    self.announce(peer, shm)
-                }) {
-                Ok(target) => {
-                    let remote = target.buffer_base + (s.remote - buffer.addr);
-                    copies.push(Copy {
-                        slice: s,
-                        remote,
-                        mapping: target.mapping,
-                        device,
-                        peer: segment.to_string(),
-                    });
+            let hit = last
+                .as_ref()
+                .filter(|(b, d, _, _)| *d == device && b.contains(s.remote, s.len));
+            let (buffer, base, mapping) = match hit {
+                Some((b, _, base, m)) => (*b, *base, m.clone()),
+                None => {
+                    let Some(buffer) = peer.find_buffer(s.remote, s.len) else {
+                        let (peer_name, addr, len) = (segment.to_string(), s.remote, s.len);
+                        s.finish(Err(TransferError::AddressRejected {
+                            peer: peer_name,
+                            addr,
+                            len,
+                        }));
+                        continue;
+                    };
+                    match self.imports.resolve(
+                        peer,
+                        buffer,
+                        self.open_device(buffer, device),
+                        &|shm| self.announce(peer, shm),
+                    ) {
+                        Ok(target) => {
+                            last =
+                                Some((buffer, device, target.buffer_base, target.mapping.clone()));
+                            (buffer, target.buffer_base, target.mapping)
+                        }
+                        Err(reason) => {
+                            s.finish(Err(TransferError::PeerUnreachable {
+                                peer: segment.to_string(),
+                                reason: format!("{}: {reason}", self.protocol),
+                            }));
+                            continue;
+                        }
+                    }
                 }
-                Err(reason) => s.finish(Err(TransferError::PeerUnreachable {
-                    peer: segment.to_string(),
-                    reason: format!("{}: {reason}", self.protocol),
-                })),
+            };
+            group_bytes += s.len;
+            group.push(Copy {
+                remote: base + (s.remote - buffer.addr),
+                slice: s,
+                mapping,
+                device,
+                peer: peer_name.clone(),
+            });
+            if group_bytes >= GROUP_BYTES || group.len() >= GROUP_COPIES {
+                self.copier.post_group(std::mem::take(&mut group));
+                group_bytes = 0;
+                flushed = true;
             }
         }
-        if !copies.is_empty() {
-            self.copier.post(copies);
+        if !group.is_empty() {
+            if flushed {
+                self.copier.post_group(group);
+            } else {
+                self.copier.post(group);
+            }
         }
         Ok(())
     }
