@@ -23,15 +23,9 @@ log() { printf 'build-wheel: %s\n' "$*" >&2; }
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 
 # --- tool venv (locked, hash-checked) ---------------------------------------------------
-stamp="$VENV/.requirements.sha256"
-want="$(sha256sum "$REQS" | cut -d' ' -f1)"
-if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    [ -x "$VENV/bin/python" ] || { log "creating venv $VENV"; "$PYTHON" -m venv "$VENV" >&2; }
-    log "installing locked test tools (pytest, numpy, maturin) into $VENV"
-    PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet --no-input \
-        --require-hashes --only-binary=:all: -r "$REQS" >&2
-    echo "$want" >"$stamp"
-fi
+# shellcheck source=scripts/lib/locked-venv.sh
+source "$REPO/scripts/lib/locked-venv.sh"
+PYTHON="$PYTHON" locked_venv "$VENV" "$REQS" "the test tools (pytest, numpy, maturin)"
 
 # --- wheel ---------------------------------------------------------------------------
 mkdir -p "$OUT"

@@ -18,18 +18,9 @@ PYTHON="${PYTHON:-python3}"
 LOCK="$REPO/xtask/requirements-devpi.txt"
 log() { printf 'release-devpi: %s\n' "$*" >&2; }
 
-install() {
-    local stamp="$VENV/.requirements.sha256" want
-    want="$(sha256sum "$LOCK" | cut -d' ' -f1)"
-    if [ ! -x "$VENV/bin/devpi-server" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        rm -rf "$VENV"
-        log "installing devpi (locked) into $VENV"
-        "$PYTHON" -m venv "$VENV" >&2
-        PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet --no-input \
-            --require-hashes --only-binary=:all: -r "$LOCK" >&2
-        echo "$want" >"$stamp"
-    fi
-}
+# shellcheck source=scripts/lib/locked-venv.sh
+source "$REPO/scripts/lib/locked-venv.sh"
+install() { PYTHON="$PYTHON" locked_venv "$VENV" "$LOCK" "devpi-server and devpi-client"; }
 
 start() {
     local dir="$1" port url user=release password

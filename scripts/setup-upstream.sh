@@ -23,6 +23,8 @@ DIST="mooncake-transfer-engine-non-cuda"
 VERSION="$(sed -n "s/^${DIST}==\([^ ]*\).*/\1/p" "$REQS")"
 
 log() { printf 'setup-upstream: %s\n' "$*" >&2; }
+# shellcheck source=scripts/lib/locked-venv.sh
+source "$REPO/scripts/lib/locked-venv.sh"
 die() { log "ERROR: $*"; exit 1; }
 
 [ -n "$VERSION" ] || die "no '${DIST}==' pin found in $REQS"
@@ -88,9 +90,9 @@ else
         log "creating venv $VENV with $("$PYTHON" -V 2>&1)"
         "$PYTHON" -m venv "$VENV" >&2
     fi
-    log "installing $DIST==$VERSION (hash-checked, no deps)"
-    PIP_DISABLE_PIP_VERSION_CHECK=1 "$VPY" -m pip install --quiet --no-input \
-        --require-hashes --no-deps --only-binary=:all: -r "$REQS" >&2
+    # A venv whose import check failed is installed again, whatever its stamp says.
+    rm -f "$VENV/.requirements.sha256"
+    PYTHON="$PYTHON" locked_venv "$VENV" "$REQS" "$DIST==$VERSION (no deps)" --no-deps
     import_check || die "installed, but 'from mooncake.engine import TransferEngine' fails"
 fi
 

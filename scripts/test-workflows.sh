@@ -20,15 +20,9 @@ PYTHON="${PYTHON:-python3}"
 REQS="$REPO/tests/workflows/requirements.txt"
 log() { printf 'test-workflows: %s\n' "$*" >&2; }
 
-stamp="$VENV/.requirements.sha256"
-want="$(sha256sum "$REQS" | cut -d' ' -f1)"
-if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    [ -x "$VENV/bin/python" ] || { log "creating venv $VENV"; "$PYTHON" -m venv "$VENV" >&2; }
-    log "installing the locked linters (check-jsonschema, zizmor, pytest)"
-    PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet --no-input \
-        --require-hashes --only-binary=:all: -r "$REQS" >&2
-    echo "$want" >"$stamp"
-fi
+# shellcheck source=scripts/lib/locked-venv.sh
+source "$REPO/scripts/lib/locked-venv.sh"
+PYTHON="$PYTHON" locked_venv "$VENV" "$REQS" "the linters (check-jsonschema, zizmor, pytest)"
 
 for tool in git jq; do
     command -v "$tool" >/dev/null || { log "$tool is missing (apt-get install $tool)"; exit 1; }

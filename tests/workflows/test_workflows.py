@@ -189,7 +189,7 @@ def test_least_privilege(path: Path):
     }
     expected = {("publish-pypi", "id-token"), ("github-draft", "contents"),
                 ("github-undraft", "contents"), ("attest", "id-token"),
-                ("attest", "attestations")}
+                ("attest", "attestations"), ("images", "id-token"), ("images", "attestations")}
     assert writes == (expected if path == RELEASE else set())
 
 
@@ -275,7 +275,7 @@ def test_artifacts_travel_by_upload_and_download_and_are_verified(release):
 
 def test_images_job_runs_the_xtask_and_keeps_the_recorded_digests(release):
     job = jobs(release)["images"]
-    assert job["permissions"] == {"contents": "read"}
+    assert job["permissions"] == {"contents": "read", "id-token": "write", "attestations": "write"}
     steps = job["steps"]
     runs = [s.get("run", "") for s in steps]
     assert 'cargo xtask images "$TAG"' in runs
@@ -286,6 +286,29 @@ def test_images_job_runs_the_xtask_and_keeps_the_recorded_digests(release):
     assert len(upload) == 1
     paths = upload[0]["with"]["path"].split()
     assert "RELEASES.md" in paths and any(p.startswith("target/dist/") for p in paths)
+
+
+def test_images_are_attested_and_the_manifest_records_every_attestation(release):
+    j = jobs(release)
+    attest = next(s for s in j["attest"]["steps"] if "attest-build-provenance" in s.get("uses", ""))
+    keep = [s for s in j["attest"]["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert [s["with"]["path"] for s in keep] == [
+        "${{ steps.%s.outputs.bundle-path }}" % attest["id"]]
+    steps = j["images"]["steps"]
+    images = [s for s in steps if "attest-build-provenance" in s.get("uses", "")]
+    assert len(images) == 2
+    for s in images:
+        # By the digest the images phase pushed and recorded, stored next to the image.
+        assert set(s["with"]) == {"subject-name", "subject-digest", "push-to-registry"}
+        assert s["with"]["push-to-registry"] is True
+        assert s["with"]["subject-digest"].startswith("${{ steps.pushed.outputs.")
+    runs = [s.get("run", "") for s in steps]
+    record = next(i for i, r in enumerate(runs) if "cargo xtask record-attestation" in r)
+    assert record > max(steps.index(s) for s in images)
+    bundles = set(steps[record]["env"].values())
+    assert bundles == {"${{ steps.%s.outputs.bundle-path }}" % s["id"] for s in images}
+    upload = [s for s in steps[record + 1 :] if "upload-artifact" in s.get("uses", "")]
+    assert len(upload) == 1, "the manifest with the attestations is kept"
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)

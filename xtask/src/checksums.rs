@@ -39,6 +39,26 @@ pub struct Manifest {
     /// Serving images pushed for this release, by name; written by the images phase.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub images: BTreeMap<String, ManifestImage>,
+    /// What the release workflow attested (GitHub artifact attestations), recorded from the
+    /// attestation bundles by `cargo xtask record-attestation` (`attestation.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attestations: Vec<ManifestAttestation>,
+}
+
+/// One signed attestation: its in-toto predicate and the subjects it names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestAttestation {
+    /// e.g. `https://slsa.dev/provenance/v1` (build provenance).
+    pub predicate_type: String,
+    pub subjects: Vec<AttestedSubject>,
+}
+
+/// A file (by its release file name) or an image (by its name), with the digest attested.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AttestedSubject {
+    pub name: String,
+    /// `sha256:<hex>`.
+    pub digest: String,
 }
 
 /// One pushed image: pull it as `<reference without tag>@<digest>`.
@@ -290,17 +310,17 @@ pub fn resolve_dir(root: &Path, dir_or_tag: &str) -> PathBuf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn temp_dir(name: &str) -> PathBuf {
+    pub(crate) fn temp_dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("xtask-checksums-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
     }
 
-    fn standin_manifest(dir: &Path) -> Manifest {
+    pub(crate) fn standin_manifest(dir: &Path) -> Manifest {
         fs::write(
             dir.join("standin-0.1.0-py3-none-any.whl"),
             b"stand-in wheel bytes",
@@ -330,6 +350,7 @@ mod tests {
             build: serde_json::json!({}),
             audit: serde_json::json!({}),
             images: BTreeMap::new(),
+            attestations: Vec::new(),
         }
     }
 

@@ -40,6 +40,9 @@ pub enum Xtask {
     /// Resolve each [[images.image]] base tag through its registry and write
     /// `@sha256:<digest>` into release.toml.
     PinBase(PinBase),
+    /// Record in a release directory's manifest what attestation bundles (Sigstore, from
+    /// actions/attest-build-provenance) attest: predicate type, subjects and digests.
+    RecordAttestation(RecordAttestation),
 }
 
 #[derive(Debug, PartialEq, Eq, Args)]
@@ -113,6 +116,15 @@ pub struct Images {
     /// podman, buildah or docker-buildx.
     #[arg(long, value_name = "BUILDER")]
     pub builder: Option<String>,
+}
+
+#[derive(Debug, PartialEq, Eq, Args)]
+pub struct RecordAttestation {
+    /// A release directory or a tag (target/dist/<tag>).
+    pub dir_or_tag: String,
+    /// Bundle files (JSON, or JSON Lines of bundles).
+    #[arg(required = true)]
+    pub bundles: Vec<std::path::PathBuf>,
 }
 
 #[derive(Debug, PartialEq, Eq, Args)]

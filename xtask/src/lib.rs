@@ -15,6 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod attestation;
 pub mod check_baseline;
 pub mod checksums;
 pub mod config;

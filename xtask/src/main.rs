@@ -37,5 +37,6 @@ fn try_main() -> anyhow::Result<()> {
         flags::Xtask::Publish(cmd) => cmd.run(&sh),
         flags::Xtask::Images(cmd) => cmd.run(&sh),
         flags::Xtask::PinBase(cmd) => cmd.run(&sh),
+        flags::Xtask::RecordAttestation(cmd) => cmd.run(&sh),
     }
 }

@@ -281,6 +281,7 @@ pub fn manifest(
         build: serde_json::to_value(&built.settings)?,
         audit: serde_json::to_value(audited)?,
         images: BTreeMap::new(),
+        attestations: Vec::new(),
     })
 }
 

@@ -1,6 +1,8 @@
 //! `publish PyPI` against devpi-server on loopback (scripts/release-devpi.sh), with stand-in
-//! wheels and sdists: first publish, identical re-publish skips, a changed wheel under the same
-//! name is refused with nothing half-uploaded, bad credentials are refused without showing them.
+//! wheels and sdists, uploaded by `uv publish` from the locked build-tools venv: first publish,
+//! identical re-publish skips, an interrupted publish resumes with the missing file only, a
+//! changed wheel under the same name is refused with nothing uploaded, bad credentials are
+//! refused without showing them.
 
 #![allow(
     clippy::unwrap_used,
@@ -12,77 +14,47 @@ mod support;
 
 use std::process::Command;
 
-use support::devpi::{standin_artifacts, start_devpi};
-use xtask::release::pypi::{publish_files, runtime, Credentials};
+use support::devpi::{standin_artifacts, start_devpi, tools_uv};
+use xtask::release::pypi::{compare, publish_files, Credentials, Index};
 
 /// One devpi-server for all scenarios, stopped at the end (also on failure).
 #[test]
 fn devpi_publishes_standin_artifacts_idempotently_and_refuses_changed_bytes() {
     let devpi = start_devpi();
-    let rt = runtime().unwrap();
+    let uv = tools_uv();
+    let sh = xshell::Shell::new().unwrap();
     let work = support::temp_dir("pypi-work");
-
-    // The metadata reader gives the form fields twine would send.
     let v1 = standin_artifacts(&work.join("v1"), "one");
-    let wheel_fields = &v1[0].fields;
-    assert!(wheel_fields.contains(&("filetype".into(), "bdist_wheel".into())));
-    assert!(wheel_fields.contains(&("pyversion".into(), "py3".into())));
-    assert!(wheel_fields.contains(&("metadata_version".into(), "2.4".into())));
-    assert_eq!(
-        wheel_fields
-            .iter()
-            .filter(|(k, _)| k == "classifiers")
-            .count(),
-        2
-    );
-    assert!(v1[1]
-        .fields
-        .contains(&("pyversion".into(), "source".into())));
+    let publish = |index: &Index, credentials: &Credentials, files: &[std::path::PathBuf]| {
+        publish_files(&sh, &uv, index, credentials, "standin-dist", files)
+    };
 
     // First publish uploads both; the index then lists them with our sha256.
     let index = devpi.index("first");
-    let out = rt
-        .block_on(publish_files(
-            &index,
-            &devpi.credentials(),
-            "standin-dist",
-            &v1,
-        ))
-        .unwrap();
+    let out = publish(&index, &devpi.credentials(), &v1).unwrap();
     assert_eq!(out.uploaded.len(), 2, "{out:?}");
     assert!(out.identical.is_empty());
     assert!(out.place.url.ends_with("/+simple/standin-dist/"));
 
     // An identical re-publish uploads nothing.
-    let again = rt
-        .block_on(publish_files(
-            &index,
-            &devpi.credentials(),
-            "standin-dist",
-            &v1,
-        ))
-        .unwrap();
+    let again = publish(&index, &devpi.credentials(), &v1).unwrap();
     assert!(again.uploaded.is_empty(), "{again:?}");
     assert_eq!(again.identical.len(), 2);
+
+    // An interrupted publish (the wheel made it, the sdist did not) resumes: the next run
+    // uploads the sdist alone.
+    let resumed = devpi.index("resumed");
+    publish(&resumed, &devpi.credentials(), &v1[..1]).unwrap();
+    let out = publish(&resumed, &devpi.credentials(), &v1).unwrap();
+    assert_eq!(out.uploaded, ["standin_dist-0.1.0.tar.gz"], "{out:?}");
+    assert_eq!(out.identical, ["standin_dist-0.1.0-py3-none-any.whl"]);
 
     // A changed wheel under the same name is refused, and the sdist that is missing from the
     // index is not uploaded either: nothing half-uploaded.
     let half = devpi.index("half");
-    rt.block_on(publish_files(
-        &half,
-        &devpi.credentials(),
-        "standin-dist",
-        &v1[..1],
-    ))
-    .unwrap();
+    publish(&half, &devpi.credentials(), &v1[..1]).unwrap();
     let v2 = standin_artifacts(&work.join("v2"), "two");
-    let err = rt
-        .block_on(publish_files(
-            &half,
-            &devpi.credentials(),
-            "standin-dist",
-            &v2,
-        ))
+    let err = publish(&half, &devpi.credentials(), &v2)
         .unwrap_err()
         .to_string();
     assert!(
@@ -93,14 +65,7 @@ fn devpi_publishes_standin_artifacts_idempotently_and_refuses_changed_bytes() {
         err.contains("standin_dist-0.1.0-py3-none-any.whl: the index has sha256"),
         "{err}"
     );
-    let after = rt
-        .block_on(publish_files(
-            &half,
-            &devpi.credentials(),
-            "standin-dist",
-            &v1[..1],
-        ))
-        .unwrap();
+    let after = compare(&half, "standin-dist", &v1[..1]).unwrap();
     assert_eq!(
         after.identical.len(),
         1,
@@ -122,24 +87,22 @@ fn devpi_publishes_standin_artifacts_idempotently_and_refuses_changed_bytes() {
     );
 
     // Wrong credentials: refused, and the message does not show them.
-    let bad = Credentials {
+    let bad = Credentials::Password {
         username: devpi.user.clone(),
         password: "wrong-secret".into(),
     };
-    let err = rt
-        .block_on(publish_files(
-            &devpi.index("bad"),
-            &bad,
-            "standin-dist",
-            &v1,
-        ))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("refused (HTTP 40"), "{err}");
+    let bad_index = devpi.index("bad");
+    let err = publish(&bad_index, &bad, &v1).unwrap_err().to_string();
+    assert!(
+        err.contains("uv publish to") && err.contains("failed"),
+        "{err}"
+    );
     assert!(
         !err.contains("wrong-secret") && !err.contains(&devpi.password),
         "{err}"
     );
+    let nothing = compare(&bad_index, "standin-dist", &v1).unwrap();
+    assert_eq!(nothing.missing.len(), 2);
 
     std::fs::remove_dir_all(&work).unwrap();
 }

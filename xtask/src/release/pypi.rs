@@ -1,23 +1,21 @@
 //! Phase `publish PyPI`: ask the index what it holds for this project, upload what is missing,
 //! skip what is identical, stop on a different file under the same name.
 //!
-//! The index is asked through the Simple API (PEP 691 JSON where served, PEP 503 HTML links
-//! with `#sha256=` otherwise), which PyPI and devpi both answer, so tests run the production
-//! code against devpi-server on loopback. Every file is compared before any is uploaded: a
-//! conflict stops the phase with nothing half-uploaded. Uploads use the legacy API
-//! (`:action=file_upload`, multipart) with the file's own metadata. Credentials: trusted
-//! publishing (OIDC) when GitHub Actions offers an ID token, else `PYPI_API_TOKEN`. Tokens are
-//! never printed.
+//! Two well-kept tools do the talking. The index is read through the Simple API in its PEP 691
+//! JSON form (PyPI and devpi-server both serve it, so the tests run this code against devpi on
+//! loopback) with `reqwest`; uploads are `uv publish --check-url` (uv from the hash-locked
+//! build-tools venv), which does the upload protocol, its retries and trusted publishing (the
+//! OIDC exchange) itself. Every file is compared before any is uploaded: a conflict stops the
+//! phase with nothing uploaded; a file already there with our bytes is skipped, so a run that
+//! was interrupted resumes where it stopped. Credentials: `PYPI_API_TOKEN` (password of
+//! `PYPI_USERNAME`, default `__token__`), else trusted publishing when GitHub Actions offers an
+//! ID token. Tokens reach uv in its environment, never on a command line, and are never printed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, format_err, Context};
-use base64::Engine;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use xshell::{cmd, Shell};
 
@@ -49,29 +47,46 @@ impl Index {
     }
 }
 
-/// HTTP Basic credentials for uploads. `Debug` hides the password.
+/// How uv authenticates the upload. `Debug` hides the password.
 #[derive(Clone)]
-pub struct Credentials {
-    pub username: String,
-    pub password: String,
+pub enum Credentials {
+    /// HTTP Basic: an API token (user `__token__`) or a user's password.
+    Password { username: String, password: String },
+    /// PyPI trusted publishing: uv trades the GitHub Actions ID token for a short-lived token.
+    TrustedPublishing,
 }
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Credentials {{ username: {:?}, password: <hidden> }}",
-            self.username
-        )
+        match self {
+            Credentials::Password { username, .. } => write!(
+                f,
+                "Credentials::Password {{ username: {username:?}, password: <hidden> }}"
+            ),
+            Credentials::TrustedPublishing => write!(f, "Credentials::TrustedPublishing"),
+        }
     }
 }
 
-/// One file to publish, with the metadata fields the upload form carries.
-#[derive(Debug, Clone)]
-pub struct Upload {
-    pub path: PathBuf,
-    /// `(field, value)` in form order; repeated fields (classifiers, requires_dist) repeat.
-    pub fields: Vec<(String, String)>,
+/// `PYPI_API_TOKEN` when set, else trusted publishing when GitHub Actions offers an ID token.
+pub fn credentials() -> anyhow::Result<Credentials> {
+    if let Some(password) = env::var(env::PYPI_API_TOKEN) {
+        return Ok(Credentials::Password {
+            username: env::var(env::PYPI_USERNAME).unwrap_or_else(|| "__token__".to_owned()),
+            password,
+        });
+    }
+    if env::var(env::ACTIONS_ID_TOKEN_REQUEST_URL).is_some()
+        && env::var(env::ACTIONS_ID_TOKEN_REQUEST_TOKEN).is_some()
+    {
+        return Ok(Credentials::TrustedPublishing);
+    }
+    bail!(
+        "no PyPI credentials: run in GitHub Actions with `permissions: id-token: write` and a \
+         trusted publisher configured for this project (trusted publishing), or set {} to an \
+         API token scoped to the project. Use --dry-run to stop before publishing.",
+        env::PYPI_API_TOKEN
+    )
 }
 
 /// The index of `release.toml [pypi]`, or the one named by `PYPI_REPOSITORY_URL` /
@@ -101,6 +116,11 @@ pub fn index_files(dist: &Path, manifest: &Manifest) -> Vec<PathBuf> {
         .collect()
 }
 
+/// `uv` of the build-tools venv (`xtask/requirements-build.txt`).
+pub fn uv(tools_venv: &Path) -> PathBuf {
+    tools_venv.join("bin").join("uv")
+}
+
 /// Step 2 of publishing (see `xtask/README.md`): upload what the index lacks.
 pub fn publish(
     sh: &Shell,
@@ -109,19 +129,14 @@ pub fn publish(
     manifest: &Manifest,
     tools_venv: &Path,
 ) -> anyhow::Result<Published> {
-    let index = index(ws);
-    let uploads = index_files(dist, manifest)
-        .iter()
-        .map(|path| read_upload(sh, tools_venv, path))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let rt = runtime()?;
-    let credentials = rt.block_on(credentials(&index))?;
-    rt.block_on(publish_files(
-        &index,
-        &credentials,
+    publish_files(
+        sh,
+        &uv(tools_venv),
+        &index(ws),
+        &credentials()?,
         &ws.config.distribution,
-        &uploads,
-    ))
+        &index_files(dist, manifest),
+    )
 }
 
 /// What the index holds of a release's files, compared by sha256. A file under one of our
@@ -216,47 +231,8 @@ pub fn file_version(file_name: &str) -> Option<pep440_rs::Version> {
 
 /// Asks the index what it holds and compares `files` with it; nothing is uploaded.
 pub fn compare(index: &Index, project: &str, files: &[PathBuf]) -> anyhow::Result<Comparison> {
-    runtime()?.block_on(async {
-        let http = Http::new()?;
-        compare_with(&http, index, project, files).await
-    })
-}
-
-/// The last check before the GitHub release goes public: the index holds every one of `files`,
-/// with our bytes.
-pub fn require_identical(index: &Index, project: &str, files: &[PathBuf]) -> anyhow::Result<Place> {
-    let c = compare(index, project, files)?;
-    if !c.missing.is_empty() {
-        bail!(
-            "{} lacks {}: the GitHub release stays a draft until the index has the same bytes. \
-             Publish to the index first (`cargo xtask publish pypi <dist-dir>`).",
-            c.project_url,
-            c.missing
-                .iter()
-                .map(|p| file_name(p))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    eprintln!(
-        "    {}: holds {} with our sha256",
-        c.project_url,
-        c.identical.join(", ")
-    );
-    Ok(Place {
-        name: "PyPI".to_owned(),
-        url: c.project_url,
-    })
-}
-
-async fn compare_with(
-    http: &Http,
-    index: &Index,
-    project: &str,
-    files: &[PathBuf],
-) -> anyhow::Result<Comparison> {
     let project_url = index.project_url(project);
-    let existing = http.simple_files(&project_url).await?;
+    let existing = SimpleApi::new()?.files(&project_url)?;
     let mut missing = Vec::new();
     let mut conflicts = Vec::new();
     let mut identical = Vec::new();
@@ -290,295 +266,225 @@ async fn compare_with(
     })
 }
 
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
+/// The last check before the GitHub release goes public: the index holds every one of `files`,
+/// with our bytes.
+pub fn require_identical(index: &Index, project: &str, files: &[PathBuf]) -> anyhow::Result<Place> {
+    let c = compare(index, project, files)?;
+    if !c.missing.is_empty() {
+        bail!(
+            "{} lacks {}: the GitHub release stays a draft until the index has the same bytes. \
+             Publish to the index first (`cargo xtask publish pypi <dist-dir>`).",
+            c.project_url,
+            c.missing
+                .iter()
+                .map(|p| file_name(p))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    eprintln!(
+        "    {}: holds {} with our sha256",
+        c.project_url,
+        c.identical.join(", ")
+    );
+    Ok(Place {
+        name: "PyPI".to_owned(),
+        url: c.project_url,
+    })
 }
 
-/// Compares every file with the index, then uploads the missing ones.
-pub async fn publish_files(
+/// Compares every file with the index, uploads the missing ones with `uv publish`, then asks
+/// the index again: every file must be there with our sha256.
+pub fn publish_files(
+    sh: &Shell,
+    uv: &Path,
     index: &Index,
     credentials: &Credentials,
     project: &str,
-    uploads: &[Upload],
+    files: &[PathBuf],
 ) -> anyhow::Result<Published> {
-    let http = Http::new()?;
-    let paths: Vec<PathBuf> = uploads.iter().map(|u| u.path.clone()).collect();
-    let Comparison {
-        project_url,
-        mut identical,
-        missing,
-        ..
-    } = compare_with(&http, index, project, &paths).await?;
-    for name in &identical {
+    let before = compare(index, project, files)?;
+    for name in &before.identical {
         eprintln!("    {name}: already on the index, identical");
     }
-    let mut uploaded = Vec::new();
-    for u in uploads.iter().filter(|u| missing.contains(&u.path)) {
-        let name = file_name(&u.path);
-        let (sha, _) = sha256_file(&u.path)?;
-        let bytes = std::fs::read(&u.path)?;
-        eprint!("    {name}: uploading {} bytes… ", bytes.len());
-        match http
-            .upload(index, credentials, u, &name, &sha, bytes)
-            .await?
-        {
-            UploadOutcome::Uploaded => {
-                eprintln!("done");
-                uploaded.push(name);
-            }
-            UploadOutcome::AlreadyExists(reason) => {
-                // Raced with another upload, or an index that answers 400 for duplicates: ask.
-                eprintln!("the index says: {reason}");
-                let now = http.simple_files(&project_url).await?;
-                match now.get(&name).and_then(|f| f.sha256.as_ref()) {
-                    Some(theirs) if *theirs == sha => identical.push(name),
-                    other => bail!(
-                        "{name}: the index refused it ({reason}) and holds {}: not ours",
-                        other.map_or("no comparable file".to_owned(), |s| format!("sha256 {s}"))
-                    ),
-                }
-            }
-        }
+    if !before.missing.is_empty() {
+        upload(sh, uv, index, credentials, &before.missing)?;
     }
+    let after = compare(index, project, files)?;
+    if !after.missing.is_empty() {
+        bail!(
+            "uv publish succeeded, but {} does not list {}: check that {} is the upload \
+             endpoint of that index",
+            after.project_url,
+            after
+                .missing
+                .iter()
+                .map(|p| file_name(p))
+                .collect::<Vec<_>>()
+                .join(", "),
+            index.upload_url
+        );
+    }
+    let uploaded: Vec<String> = before.missing.iter().map(|p| file_name(p)).collect();
     Ok(Published {
         place: Place {
             name: "PyPI".to_owned(),
-            url: project_url,
+            url: after.project_url,
         },
         uploaded,
-        identical,
+        identical: before.identical,
     })
 }
 
-/// Trusted publishing when GitHub Actions offers an ID token, else `PYPI_API_TOKEN`.
-pub async fn credentials(index: &Index) -> anyhow::Result<Credentials> {
-    if let (Some(url), Some(token)) = (
-        env::var(env::ACTIONS_ID_TOKEN_REQUEST_URL),
-        env::var(env::ACTIONS_ID_TOKEN_REQUEST_TOKEN),
-    ) {
-        let minted = trusted_publishing(index, &url, &token).await?;
-        return Ok(Credentials {
-            username: "__token__".to_owned(),
-            password: minted,
-        });
-    }
-    match env::var(env::PYPI_API_TOKEN) {
-        Some(password) => Ok(Credentials {
-            username: env::var(env::PYPI_USERNAME).unwrap_or_else(|| "__token__".to_owned()),
-            password,
-        }),
-        None => bail!(
-            "no PyPI credentials: run in GitHub Actions with `permissions: id-token: write` and a \
-             trusted publisher configured for this project (trusted publishing), or set {} to an \
-             API token scoped to the project. Use --dry-run to stop before publishing.",
-            env::PYPI_API_TOKEN
-        ),
-    }
-}
-
-/// The OIDC exchange: audience from the index, ID token from GitHub, API token from the index.
-pub async fn trusted_publishing(
+/// `uv publish --check-url`: the upload protocol, its retries and trusted publishing are uv's.
+/// The password travels in uv's environment (`UV_PUBLISH_PASSWORD`), never on its command line.
+fn upload(
+    sh: &Shell,
+    uv: &Path,
     index: &Index,
-    id_token_url: &str,
-    id_token_request_token: &str,
-) -> anyhow::Result<String> {
-    let http = Http::new()?;
-    let host = origin(&index.upload_url)?;
-    let (status, body) = http
-        .request("GET", &format!("{host}/_/oidc/audience"), &[], Vec::new())
-        .await?;
-    if status == 404 {
-        bail!(
-            "{host} does not offer trusted publishing (no /_/oidc/audience): set {} instead",
-            env::PYPI_API_TOKEN
-        );
-    }
-    #[derive(Deserialize)]
-    struct Audience {
-        audience: String,
-    }
-    let audience: Audience = json_ok("trusted publishing: audience", status, &body)?;
-    let sep = if id_token_url.contains('?') { '&' } else { '?' };
-    let url = format!("{id_token_url}{sep}audience={}", audience.audience);
-    let auth = format!("bearer {id_token_request_token}");
-    let (status, body) = http
-        .request("GET", &url, &[("authorization", &auth)], Vec::new())
-        .await?;
-    #[derive(Deserialize)]
-    struct IdToken {
-        value: String,
-    }
-    let jwt: IdToken = json_ok("trusted publishing: GitHub ID token", status, &body)?;
-    let req = serde_json::json!({ "token": jwt.value })
-        .to_string()
-        .into_bytes();
-    let (status, body) = http
-        .request(
-            "POST",
-            &format!("{host}/_/oidc/mint-token"),
-            &[("content-type", "application/json")],
-            req,
-        )
-        .await?;
-    #[derive(Deserialize)]
-    struct Minted {
-        token: String,
-    }
-    if status != 200 {
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        let errors: Vec<String> = v["errors"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|e| {
-                format!(
-                    "{}: {}",
-                    e["code"].as_str().unwrap_or("?"),
-                    e["description"].as_str().unwrap_or("?")
-                )
-            })
-            .collect();
-        bail!(
-            "trusted publishing: {host} refused the GitHub ID token (HTTP {status}): {}. Check the \
-             project's trusted publisher (owner, repository, workflow file, environment).",
-            errors.join("; ")
-        );
-    }
-    let minted: Minted = json_ok("trusted publishing: mint token", status, &body)?;
-    Ok(minted.token)
-}
-
-fn json_ok<T: serde::de::DeserializeOwned>(
-    what: &str,
-    status: u16,
-    body: &[u8],
-) -> anyhow::Result<T> {
-    if status != 200 {
-        bail!("{what}: HTTP {status}");
-    }
-    serde_json::from_slice(body).with_context(|| format!("{what}: unexpected answer"))
-}
-
-fn origin(url: &str) -> anyhow::Result<String> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format_err!("{url:?} is not a URL"))?;
-    Ok(format!(
-        "{scheme}://{}",
-        rest.split('/').next().unwrap_or_default()
-    ))
-}
-
-// --- the file's metadata --------------------------------------------------------------------
-
-/// Reads a wheel's `METADATA` or an sdist's `PKG-INFO` into upload form fields (what twine
-/// sends), with the interpreter of the build-tools venv.
-pub fn read_upload(sh: &Shell, tools_venv: &Path, path: &Path) -> anyhow::Result<Upload> {
-    const READ: &str = include_str!("metadata.py");
-    let python = tools_venv.join("bin").join("python");
-    let out = cmd!(sh, "{python} -I -c {READ} {path}")
+    credentials: &Credentials,
+    files: &[PathBuf],
+) -> anyhow::Result<()> {
+    let names: Vec<String> = files.iter().map(|p| file_name(p)).collect();
+    eprintln!("    uploading {} (uv publish)", names.join(", "));
+    let (publish_url, check_url) = (&index.upload_url, &index.simple_url);
+    let mut command = cmd!(
+        sh,
+        "{uv} --no-config publish --no-progress --publish-url {publish_url} --check-url {check_url}"
+    )
+    .env_remove("UV_PUBLISH_TOKEN")
+    .env_remove("UV_PUBLISH_USERNAME")
+    .env_remove("UV_PUBLISH_PASSWORD");
+    command = match credentials {
+        Credentials::Password { username, password } => command
+            .args(["--trusted-publishing", "never", "--username", username])
+            .env("UV_PUBLISH_PASSWORD", password),
+        Credentials::TrustedPublishing => command.args(["--trusted-publishing", "always"]),
+    };
+    let out = command
+        .args(files)
         .quiet()
-        .read()
-        .with_context(|| format!("cannot read the metadata of {}", path.display()))?;
-    let fields: Vec<(String, String)> = serde_json::from_str(&out)?;
-    Ok(Upload {
-        path: path.to_path_buf(),
-        fields,
-    })
+        .ignore_status()
+        .output()
+        .with_context(|| {
+            format!(
+                "cannot run {}: is the build-tools venv complete?",
+                uv.display()
+            )
+        })?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    for line in said.lines().filter(|l| !l.trim().is_empty()) {
+        eprintln!("    uv: {line}");
+    }
+    if !out.status.success() {
+        let last: Vec<&str> = said.lines().filter(|l| !l.trim().is_empty()).collect();
+        bail!(
+            "uv publish to {} failed ({}) for {}: {}. Nothing is uploaded twice: a re-run \
+             skips what the index already holds with our sha256.",
+            index.upload_url,
+            out.status,
+            names.join(", "),
+            last[last.len().saturating_sub(6)..].join(" / ")
+        );
+    }
+    Ok(())
 }
 
-// --- HTTP -----------------------------------------------------------------------------------
+// --- the Simple API (PEP 691 JSON) ------------------------------------------------------------
 
-enum UploadOutcome {
-    Uploaded,
-    AlreadyExists(String),
+/// One file of a Simple API project page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimpleFile {
+    /// Where to download it, resolved against the page.
+    pub url: String,
+    pub sha256: Option<String>,
 }
 
-type Body = Full<bytes::Bytes>;
-
-struct Http {
-    client: Client<
-        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-        Body,
-    >,
+#[derive(Deserialize)]
+struct ProjectPage {
+    files: Vec<PageFile>,
 }
 
-impl Http {
-    fn new() -> anyhow::Result<Http> {
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_native_roots()
-            .context("cannot load the system's root certificates")?
-            .https_or_http()
-            .enable_http1()
-            .build();
-        Ok(Http {
-            client: Client::builder(TokioExecutor::new()).build(https),
+#[derive(Deserialize)]
+struct PageFile {
+    filename: String,
+    url: String,
+    #[serde(default)]
+    hashes: BTreeMap<String, String>,
+}
+
+/// A PEP 691 project page at `page_url`: file name -> file, URLs resolved against the page.
+pub fn parse_simple(page_url: &str, body: &[u8]) -> anyhow::Result<BTreeMap<String, SimpleFile>> {
+    let base = url::Url::parse(page_url).with_context(|| format!("{page_url:?} is not a URL"))?;
+    let page: ProjectPage = serde_json::from_slice(body).with_context(|| {
+        format!("{page_url}: not a PEP 691 JSON project page (application/vnd.pypi.simple.v1+json)")
+    })?;
+    page.files
+        .into_iter()
+        .map(|mut f| {
+            let url = base
+                .join(&f.url)
+                .with_context(|| format!("{page_url}: bad URL {:?} for {}", f.url, f.filename))?;
+            let file = SimpleFile {
+                url: url.into(),
+                sha256: f.hashes.remove("sha256"),
+            };
+            Ok((f.filename, file))
         })
+        .collect()
+}
+
+/// The PEP 691 JSON media type; an index that answers anything else is refused by name.
+const SIMPLE_JSON: &str = "application/vnd.pypi.simple.v1+json";
+
+/// Reads of the index, each retried under [`Policy::NETWORK`] on 5xx, 429 and transport errors.
+struct SimpleApi {
+    client: reqwest::Client,
+    rt: tokio::runtime::Runtime,
+}
+
+impl SimpleApi {
+    fn new() -> anyhow::Result<SimpleApi> {
+        // reqwest's rustls with the ring provider, as octocrab uses; installed once per process.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .user_agent("mooncake-xtask")
+            .timeout(Duration::from_secs(600))
+            .build()
+            .context("cannot set up the HTTP client")?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok(SimpleApi { client, rt })
     }
 
-    /// One request, retried under [`Policy::NETWORK`] on 5xx, 429 and transport errors.
-    /// Redirects are not followed (an index that redirects an upload is misconfigured).
-    async fn request(
-        &self,
-        method: &str,
-        url: &str,
-        headers: &[(&str, &str)],
-        body: Vec<u8>,
-    ) -> anyhow::Result<(u16, Vec<u8>)> {
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(url)
-            .header("user-agent", "mooncake-xtask");
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        // Built once, to refuse a malformed request before sending anything.
-        let template = req
-            .body(Full::new(bytes::Bytes::from(body)))
-            .with_context(|| format!("bad request to {url}"))?;
-        let what = format!("{method} {url}");
+    /// GET `url`: the status and the body.
+    fn get(&self, url: &str, accept: Option<&str>) -> anyhow::Result<(u16, Vec<u8>)> {
+        let what = format!("GET {url}");
         let policy = Policy::NETWORK;
-        let attempt = |_| {
-            let mut req = http::Request::new(template.body().clone());
-            *req.method_mut() = template.method().clone();
-            *req.uri_mut() = template.uri().clone();
-            *req.headers_mut() = template.headers().clone();
-            async move {
-                let sent = tokio::time::timeout(Duration::from_secs(600), self.client.request(req));
-                let resp = match sent.await {
-                    Ok(Ok(resp)) => resp,
-                    Ok(Err(e)) => return Err(e.to_string()),
-                    Err(_) => return Err("no answer in 600 s".to_owned()),
-                };
-                let status = resp.status().as_u16();
-                match resp.into_body().collect().await {
-                    Ok(b) if status >= 500 || status == 429 => {
-                        Err(format!("HTTP {status}: {}", snippet(&b.to_bytes())))
-                    }
-                    Ok(b) => Ok((status, b.to_bytes().to_vec())),
-                    Err(e) => Err(format!("reading the answer failed: {e}")),
-                }
+        let attempt = |_| async {
+            let mut req = self.client.get(url);
+            if let Some(accept) = accept {
+                req = req.header(reqwest::header::ACCEPT, accept);
             }
+            let resp = req.send().await.map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            let body = resp.bytes().await.map_err(|e| e.to_string())?;
+            if status >= 500 || status == 429 {
+                return Err(format!("HTTP {status}: {}", snippet(&body)));
+            }
+            Ok((status, body.to_vec()))
         };
-        policy
-            .run(&what, attempt, |why: &String| Some(why.clone()))
-            .await
+        self.rt
+            .block_on(policy.run(&what, attempt, |why: &String| Some(why.clone())))
             .map_err(|why| {
                 format_err!("{what}: {why} (gave up after {} attempts)", policy.attempts)
             })
     }
 
-    /// File name -> sha256 (when the index gives one) of everything the index has for a project.
-    async fn simple_files(
-        &self,
-        project_url: &str,
-    ) -> anyhow::Result<BTreeMap<String, SimpleFile>> {
-        let accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1";
-        let (status, body) = self
-            .request("GET", project_url, &[("accept", accept)], Vec::new())
-            .await?;
+    /// File name -> file of everything the index has for a project (none: an empty map).
+    fn files(&self, project_url: &str) -> anyhow::Result<BTreeMap<String, SimpleFile>> {
+        let (status, body) = self.get(project_url, Some(SIMPLE_JSON))?;
         match status {
             200 => parse_simple(project_url, &body),
             404 => Ok(BTreeMap::new()),
@@ -586,53 +492,6 @@ impl Http {
                 "cannot ask the index what it holds: GET {project_url}: HTTP {status}: {}",
                 snippet(&body)
             ),
-        }
-    }
-
-    async fn upload(
-        &self,
-        index: &Index,
-        credentials: &Credentials,
-        u: &Upload,
-        name: &str,
-        sha: &str,
-        bytes: Vec<u8>,
-    ) -> anyhow::Result<UploadOutcome> {
-        let boundary = format!("xtask-{}", &sha[..32]);
-        let mut fields = vec![
-            (":action".to_owned(), "file_upload".to_owned()),
-            ("protocol_version".to_owned(), "1".to_owned()),
-        ];
-        fields.extend(u.fields.iter().cloned());
-        fields.push(("sha256_digest".to_owned(), sha.to_owned()));
-        let body = multipart(&boundary, &fields, name, &bytes);
-        let auth = format!(
-            "Basic {}",
-            base64::engine::general_purpose::STANDARD
-                .encode(format!("{}:{}", credentials.username, credentials.password))
-        );
-        let ct = format!("multipart/form-data; boundary={boundary}");
-        let (status, answer) = self
-            .request(
-                "POST",
-                &index.upload_url,
-                &[("content-type", &ct), ("authorization", &auth)],
-                body,
-            )
-            .await?;
-        let text = snippet(&answer);
-        match status {
-            200 | 201 => Ok(UploadOutcome::Uploaded),
-            409 => Ok(UploadOutcome::AlreadyExists(format!("HTTP 409 {text}"))),
-            400 if text.to_ascii_lowercase().contains("already exist") => {
-                Ok(UploadOutcome::AlreadyExists(format!("HTTP 400 {text}")))
-            }
-            401 | 403 => bail!(
-                "{}: upload of {name} refused (HTTP {status}): the credentials are invalid or may not \
-                 upload to this project. {text}",
-                index.upload_url
-            ),
-            _ => bail!("{}: upload of {name} failed: HTTP {status} {text}", index.upload_url),
         }
     }
 }
@@ -643,85 +502,6 @@ fn snippet(body: &[u8]) -> String {
     text.chars().take(300).collect()
 }
 
-/// The body of a `multipart/form-data` upload.
-pub fn multipart(
-    boundary: &str,
-    fields: &[(String, String)],
-    file_name: &str,
-    content: &[u8],
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(content.len() + 4096);
-    for (k, v) in fields {
-        out.extend_from_slice(
-            format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{k}\"\r\n\r\n{v}\r\n")
-                .as_bytes(),
-        );
-    }
-    out.extend_from_slice(
-        format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"content\"; filename=\"{file_name}\"\r\n\
-             Content-Type: application/octet-stream\r\n\r\n"
-        )
-        .as_bytes(),
-    );
-    out.extend_from_slice(content);
-    out.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    out
-}
-
-/// One file of a Simple API project page.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SimpleFile {
-    /// Where to download it, resolved against the page.
-    pub url: String,
-    pub sha256: Option<String>,
-}
-
-/// A Simple API project page at `page_url`: PEP 691 JSON, or PEP 503 HTML whose links carry
-/// `#sha256=`. File name -> file.
-pub fn parse_simple(page_url: &str, body: &[u8]) -> anyhow::Result<BTreeMap<String, SimpleFile>> {
-    let base = url::Url::parse(page_url).with_context(|| format!("{page_url:?} is not a URL"))?;
-    let resolve = |href: &str| {
-        base.join(href)
-            .map_or_else(|_| href.to_owned(), String::from)
-    };
-    let text = String::from_utf8_lossy(body);
-    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-        let files = v["files"]
-            .as_array()
-            .ok_or_else(|| format_err!("Simple API JSON without `files`"))?;
-        return Ok(files
-            .iter()
-            .filter_map(|f| {
-                Some((
-                    f["filename"].as_str()?.to_owned(),
-                    SimpleFile {
-                        url: resolve(f["url"].as_str()?),
-                        sha256: f["hashes"]["sha256"].as_str().map(str::to_owned),
-                    },
-                ))
-            })
-            .collect());
-    }
-    let mut out = BTreeMap::new();
-    for a in text.split("<a ").skip(1) {
-        let Some(href) = a.split("href=\"").nth(1).and_then(|h| h.split('"').next()) else {
-            continue;
-        };
-        let (url, fragment) = href.split_once('#').unwrap_or((href, ""));
-        let name = url.rsplit('/').next().unwrap_or(url).to_owned();
-        let sha256 = fragment.strip_prefix("sha256=").map(str::to_owned);
-        out.insert(
-            percent_decode(&name),
-            SimpleFile {
-                url: resolve(&url.replace("&amp;", "&")),
-                sha256,
-            },
-        );
-    }
-    Ok(out)
-}
-
 /// Downloads `names` of `project` from the index, with a progress line a file; a name the
 /// index does not list is left out of the result.
 pub fn download(
@@ -729,48 +509,28 @@ pub fn download(
     project: &str,
     names: &[String],
 ) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
-    runtime()?.block_on(async {
-        let http = Http::new()?;
-        let project_url = index.project_url(project);
-        let listed = http.simple_files(&project_url).await?;
-        let mut out = BTreeMap::new();
-        for name in names {
-            let Some(file) = listed.get(name) else {
-                eprintln!("    [index] {name}: not listed on {project_url}");
-                continue;
-            };
-            let started = std::time::Instant::now();
-            let (status, body) = http.request("GET", &file.url, &[], Vec::new()).await?;
-            if status != 200 {
-                bail!("GET {}: HTTP {status}: {}", file.url, snippet(&body));
-            }
-            eprintln!(
-                "    [index] {name}: {} bytes in {}",
-                body.len(),
-                crate::phase::fmt_duration(started.elapsed())
-            );
-            out.insert(name.clone(), body);
+    let api = SimpleApi::new()?;
+    let project_url = index.project_url(project);
+    let listed = api.files(&project_url)?;
+    let mut out = BTreeMap::new();
+    for name in names {
+        let Some(file) = listed.get(name) else {
+            eprintln!("    [index] {name}: not listed on {project_url}");
+            continue;
+        };
+        let started = std::time::Instant::now();
+        let (status, body) = api.get(&file.url, None)?;
+        if status != 200 {
+            bail!("GET {}: HTTP {status}: {}", file.url, snippet(&body));
         }
-        Ok(out)
-    })
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
+        eprintln!(
+            "    [index] {name}: {} bytes in {}",
+            body.len(),
+            crate::phase::fmt_duration(started.elapsed())
+        );
+        out.insert(name.clone(), body);
     }
-    String::from_utf8_lossy(&out).into_owned()
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -778,23 +538,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn simple_pages_parse_in_both_formats() {
-        let html = br#"<html><body><a href="../../+f/abc/x-0.1.0-py3-none-any.whl#sha256=aaaa">x-0.1.0-py3-none-any.whl</a>
-            <a href="https://files/x-0.1.0.tar.gz#sha256=bbbb" data-requires-python="&gt;=3.9">x</a><a href="x%2B1.whl">n</a></body></html>"#;
-        let m = parse_simple("http://127.0.0.1:3141/u/i/+simple/x/", html).unwrap();
-        let w = &m["x-0.1.0-py3-none-any.whl"];
-        assert_eq!(w.sha256.as_deref(), Some("aaaa"));
-        assert_eq!(
-            w.url,
-            "http://127.0.0.1:3141/u/i/+f/abc/x-0.1.0-py3-none-any.whl"
-        );
-        assert_eq!(m["x-0.1.0.tar.gz"].sha256.as_deref(), Some("bbbb"));
-        assert_eq!(m["x-0.1.0.tar.gz"].url, "https://files/x-0.1.0.tar.gz");
-        assert_eq!(m["x+1.whl"].sha256, None);
-        let json = br#"{"meta": {"api-version": "1.0"}, "name": "x", "files": [{"filename": "x-0.1.0.tar.gz", "url": "u", "hashes": {"sha256": "cccc"}}]}"#;
-        let m = parse_simple("https://pypi.org/simple/x/", json).unwrap();
+    fn pep_691_pages_resolve_urls_and_keep_the_sha256() {
+        let json = br#"{"meta": {"api-version": "1.0"}, "name": "x", "files": [
+            {"filename": "x-0.1.0.tar.gz", "url": "../../+f/abc/x-0.1.0.tar.gz", "hashes": {"sha256": "cccc"}},
+            {"filename": "x-0.1.0-py3-none-any.whl", "url": "https://files/x.whl", "hashes": {}}]}"#;
+        let m = parse_simple("http://127.0.0.1:3141/u/i/+simple/x/", json).unwrap();
         assert_eq!(m["x-0.1.0.tar.gz"].sha256.as_deref(), Some("cccc"));
-        assert_eq!(m["x-0.1.0.tar.gz"].url, "https://pypi.org/simple/x/u");
+        assert_eq!(
+            m["x-0.1.0.tar.gz"].url,
+            "http://127.0.0.1:3141/u/i/+f/abc/x-0.1.0.tar.gz"
+        );
+        assert_eq!(m["x-0.1.0-py3-none-any.whl"].sha256, None);
+        assert_eq!(m["x-0.1.0-py3-none-any.whl"].url, "https://files/x.whl");
+        // An HTML page (PEP 503) is refused by name rather than scraped.
+        let err = parse_simple("https://i/simple/x/", b"<html><a href=\"x\">x</a></html>")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a PEP 691 JSON project page"), "{err}");
     }
 
     fn comparison(files: &[&str], missing: bool) -> Comparison {
@@ -869,30 +629,8 @@ mod tests {
     }
 
     #[test]
-    fn multipart_bodies_carry_fields_and_the_file() {
-        let body = multipart(
-            "B",
-            &[
-                ("name".into(), "x".into()),
-                ("classifiers".into(), "A".into()),
-                ("classifiers".into(), "B".into()),
-            ],
-            "x.whl",
-            b"ZIP",
-        );
-        let text = String::from_utf8(body).unwrap();
-        assert!(
-            text.starts_with("--B\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nx\r\n")
-        );
-        assert_eq!(text.matches("name=\"classifiers\"").count(), 2);
-        assert!(text.ends_with(
-            "filename=\"x.whl\"\r\nContent-Type: application/octet-stream\r\n\r\nZIP\r\n--B--\r\n"
-        ));
-    }
-
-    #[test]
     fn credentials_never_show_the_password() {
-        let c = Credentials {
+        let c = Credentials::Password {
             username: "__token__".into(),
             password: "pypi-secret".into(),
         };

@@ -3,7 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use xtask::release::pypi::{publish_files, read_upload, runtime, Credentials, Index, Upload};
+use xtask::release::build::tools_venv;
+use xtask::release::pypi::{publish_files, uv, Credentials, Index};
+use xtask::Workspace;
 
 pub struct Devpi {
     pub dir: PathBuf,
@@ -76,28 +78,38 @@ impl Devpi {
     }
 
     /// Uploads stand-in artifacts of `standin-dist` to `index`, as a publisher would.
-    pub fn upload_standin(&self, index: &Index, uploads: &[Upload]) {
-        runtime()
-            .unwrap()
-            .block_on(publish_files(
-                index,
-                &self.credentials(),
-                "standin-dist",
-                uploads,
-            ))
-            .unwrap();
+    pub fn upload_standin(&self, index: &Index, files: &[PathBuf]) {
+        let sh = xshell::Shell::new().unwrap();
+        publish_files(
+            &sh,
+            &tools_uv(),
+            index,
+            &self.credentials(),
+            "standin-dist",
+            files,
+        )
+        .unwrap();
     }
 
     pub fn credentials(&self) -> Credentials {
-        Credentials {
+        Credentials::Password {
             username: self.user.clone(),
             password: self.password.clone(),
         }
     }
 }
 
+/// `uv` of this workspace's build-tools venv (`xtask/requirements-build.txt`), made if missing:
+/// the uploader `publish pypi` runs.
+pub fn tools_uv() -> PathBuf {
+    let sh = xshell::Shell::new().unwrap();
+    sh.change_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+    let ws = Workspace::load(&sh).unwrap();
+    uv(&tools_venv(&sh, &ws).unwrap())
+}
+
 /// A stand-in wheel and sdist of `standin-dist` 0.1.0; `variant` changes their bytes.
-pub fn standin_artifacts(dir: &Path, variant: &str) -> Vec<Upload> {
+pub fn standin_artifacts(dir: &Path, variant: &str) -> Vec<PathBuf> {
     std::fs::create_dir_all(dir).unwrap();
     let script = r#"
 import io, sys, tarfile, zipfile
@@ -120,12 +132,11 @@ with tarfile.open(out + "/standin_dist-0.1.0.tar.gz", "w:gz") as t:
         .status()
         .unwrap();
     assert!(ok.success());
-    let sh = xshell::Shell::new().unwrap();
     [
         "standin_dist-0.1.0-py3-none-any.whl",
         "standin_dist-0.1.0.tar.gz",
     ]
     .iter()
-    .map(|n| read_upload(&sh, &devpi_venv(), &dir.join(n)).unwrap())
+    .map(|n| dir.join(n))
     .collect()
 }
