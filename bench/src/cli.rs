@@ -1,7 +1,7 @@
 //! The benchmark's command line: upstream's gflags names (`--block_size=4096` or
 //! `--block_size 4096`), parsed by the engine's small flag parser.
 
-use transfer_engine::cli_flags::{Arg, Flags as Line, UsageError};
+use transfer_engine::cli_flags::{wants_help, Flags as Line, UsageError};
 
 use crate::workload::Workload;
 
@@ -94,17 +94,11 @@ impl Flags {
             report_precision: 2,
             json: false,
         };
+        if wants_help(args) {
+            return Ok(None);
+        }
         let mut line = Line::new(args);
-        while let Some(arg) = line.next_arg() {
-            let (name, inline) = match arg? {
-                Arg::Help => return Ok(None),
-                Arg::Positional(p) => {
-                    return Err(UsageError(format!(
-                        "unexpected argument {p:?}: this command takes flags only; see --help"
-                    )))
-                }
-                Arg::Flag { name, inline } => (name, inline),
-            };
+        while let Some((name, inline)) = line.next_flag()? {
             let l = &mut line;
             let n = name.as_str();
             match n {

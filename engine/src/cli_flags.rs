@@ -14,20 +14,9 @@ impl fmt::Display for UsageError {
     }
 }
 
-/// One item of a command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Arg {
-    /// `--name` or `--name=value` (the name without its dashes).
-    Flag {
-        /// The flag's name, without the leading `--`.
-        name: String,
-        /// The value written after `=`, if any.
-        inline: Option<String>,
-    },
-    /// `-h` or `--help`.
-    Help,
-    /// Anything not starting with `-`.
-    Positional(String),
+/// Whether `args` (program name first) ask for help (`-h` or `--help` anywhere).
+pub fn wants_help(args: &[String]) -> bool {
+    args.iter().skip(1).any(|a| a == "-h" || a == "--help")
 }
 
 /// Walks a command line (program name already removed).
@@ -43,29 +32,24 @@ impl Flags {
         }
     }
 
-    /// The next item; a lone `-x` other than `-h` is an error (only long flags exist).
-    pub fn next_arg(&mut self) -> Option<Result<Arg, UsageError>> {
-        let arg = self.args.next()?;
-        Some(match arg.as_str() {
-            "-h" | "--help" => Ok(Arg::Help),
-            a if a.starts_with("--") && a.len() > 2 => {
-                let body = &a[2..];
-                Ok(match body.split_once('=') {
-                    Some((name, value)) => Arg::Flag {
-                        name: name.to_string(),
-                        inline: Some(value.to_string()),
-                    },
-                    None => Arg::Flag {
-                        name: body.to_string(),
-                        inline: None,
-                    },
-                })
-            }
-            a if a.starts_with('-') && a.len() > 1 => Err(UsageError(format!(
-                "unknown flag {a:?}: flags are long (`--name value`); see --help"
+    /// The next flag as (name without dashes, value after `=`), `None` at the end. Only
+    /// long flags exist: a positional argument or a short flag is an error.
+    pub fn next_flag(&mut self) -> Result<Option<(String, Option<String>)>, UsageError> {
+        let Some(arg) = self.args.next() else {
+            return Ok(None);
+        };
+        match arg.strip_prefix("--").filter(|body| !body.is_empty()) {
+            Some(body) => Ok(Some(match body.split_once('=') {
+                Some((name, value)) => (name.to_string(), Some(value.to_string())),
+                None => (body.to_string(), None),
+            })),
+            None if arg.starts_with('-') && arg.len() > 1 => Err(UsageError(format!(
+                "unknown flag {arg:?}: flags are long (`--name value`); see --help"
             ))),
-            _ => Ok(Arg::Positional(arg)),
-        })
+            None => Err(UsageError(format!(
+                "unexpected argument {arg:?}: this command takes flags only; see --help"
+            ))),
+        }
     }
 
     /// The value of flag `name`: its `=value`, else the next item of the command line.
@@ -104,43 +88,44 @@ mod tests {
 
     #[test]
     fn both_value_forms_and_help() {
-        let mut f = line(&["--port", "80", "--host=::1", "-h", "x"]);
-        let Some(Ok(Arg::Flag { name, inline })) = f.next_arg() else {
-            panic!("flag expected")
-        };
+        let mut f = line(&["--port", "80", "--host=::1"]);
+        let (name, inline) = f.next_flag().unwrap().unwrap();
         assert_eq!(
             (name.as_str(), f.parsed::<u16>("port", inline, "a port")),
             ("port", Ok(80))
         );
-        let Some(Ok(Arg::Flag { name, inline })) = f.next_arg() else {
-            panic!("flag expected")
-        };
+        let (name, inline) = f.next_flag().unwrap().unwrap();
         assert_eq!(
             (name.as_str(), f.value("host", inline)),
             ("host", Ok("::1".into()))
         );
-        assert_eq!(f.next_arg(), Some(Ok(Arg::Help)));
-        assert_eq!(f.next_arg(), Some(Ok(Arg::Positional("x".into()))));
-        assert_eq!(f.next_arg(), None);
+        assert_eq!(f.next_flag(), Ok(None));
+        let args = ["p", "--port", "-h"].map(String::from);
+        assert!(wants_help(&args) && !wants_help(&args[..2]));
     }
 
     #[test]
-    fn missing_or_bad_values_and_short_flags_are_named() {
+    fn missing_or_bad_values_and_other_arguments_are_named() {
         let mut f = line(&["--port"]);
-        let Some(Ok(Arg::Flag { inline, .. })) = f.next_arg() else {
-            panic!("flag expected")
-        };
+        let (_, inline) = f.next_flag().unwrap().unwrap();
         let e = f.parsed::<u16>("port", inline, "a port").unwrap_err();
         assert!(e.0.contains("--port needs a value"), "{e}");
         let mut f = line(&["--port=http"]);
-        let Some(Ok(Arg::Flag { inline, .. })) = f.next_arg() else {
-            panic!("flag expected")
-        };
+        let (_, inline) = f.next_flag().unwrap().unwrap();
         let e = f
             .parsed::<u16>("port", inline, "a port (0-65535)")
             .unwrap_err();
         assert!(e.0.contains("\"http\": expected a port"), "{e}");
-        assert!(line(&["-p"]).next_arg().is_some_and(|r| r.is_err()));
-        assert!(line(&[]).next_arg().is_none());
+        assert!(line(&["-p"])
+            .next_flag()
+            .unwrap_err()
+            .0
+            .contains("unknown flag \"-p\""));
+        assert!(line(&["x"])
+            .next_flag()
+            .unwrap_err()
+            .0
+            .contains("unexpected argument \"x\""));
+        assert!(line(&["--"]).next_flag().is_err());
     }
 }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::{engine_alive, KeySpace, RpcMeta};
-use crate::cli_flags::{Arg, Flags, UsageError};
+use crate::cli_flags::{wants_help, Flags, UsageError};
 use crate::config::Config;
 
 /// Longest key accepted.
@@ -448,17 +448,11 @@ impl Cli {
             liveness_interval_sec: 10.0,
             liveness_misses: 3,
         };
+        if wants_help(args) {
+            return Ok(None);
+        }
         let mut flags = Flags::new(args);
-        while let Some(arg) = flags.next_arg() {
-            let (name, inline) = match arg? {
-                Arg::Help => return Ok(None),
-                Arg::Positional(p) => {
-                    return Err(UsageError(format!(
-                        "unexpected argument {p:?}: this command takes flags only; see --help"
-                    )))
-                }
-                Arg::Flag { name, inline } => (name, inline),
-            };
+        while let Some((name, inline)) = flags.next_flag()? {
             let f = &mut flags;
             match name.as_str() {
                 "host" => cli.host = f.value(&name, inline)?,
