@@ -20,16 +20,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{ArgAction, Parser, ValueEnum};
-
 use transfer_engine::wire::descriptor::SegmentDesc;
 use transfer_engine::{
     Config, EngineError, HostBuffer, OpCode, Request, TransferEngine, TransportRequest,
 };
 
+mod cli;
 mod summary;
 mod workload;
 
+use cli::{Flags, Mode, Operation};
 use summary::{Latencies, Summary, Usage};
 pub use workload::Workload;
 use workload::{parse_segments, target_of, Shape};
@@ -51,90 +51,18 @@ enum BenchError {
     Panicked,
 }
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "transfer_engine_bench",
-    about = "Transfer engine throughput benchmark (TCP or RDMA)"
-)]
-struct Flags {
-    /// initiator or target
-    #[arg(long, value_enum, default_value = "initiator")]
-    mode: Mode,
-    /// read or write
-    #[arg(long, value_enum, default_value = "read")]
-    operation: Operation,
-    /// transport protocol: tcp, rdma, or "" (the engine picks); upstream defaults to rdma
-    #[arg(long, default_value = "tcp")]
-    protocol: String,
-    /// metadata connection string
-    #[arg(long = "metadata_server", default_value = "P2PHANDSHAKE")]
-    metadata_server: String,
-    /// local server name (host; the port is chosen in P2P mode)
-    #[arg(long = "local_server_name")]
-    local_server_name: Option<String>,
-    /// target segment id (`host:rpc_port` printed by the target); several, comma-separated:
-    /// each batch goes to one of them in turn
-    #[arg(long = "segment_id", default_value = "")]
-    segment_id: String,
-    /// RDMA device list (comma-separated HCA names; empty: all)
-    #[arg(long = "device_name", default_value = "")]
-    device_name: String,
-    /// accepted for compatibility
-    #[arg(long = "auto_discovery", action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
-    auto_discovery: bool,
-    /// bytes of registered buffer
-    #[arg(long = "buffer_size", default_value_t = 1 << 30)]
-    buffer_size: u64,
-    /// requests per batch [default: 128, or the workload's]
-    #[arg(long = "batch_size")]
-    batch_size: Option<usize>,
-    /// bytes per request [default: 65536, or the workload's]
-    #[arg(long = "block_size")]
-    block_size: Option<u64>,
-    /// seconds to run
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
-    /// submitting threads [default: 12, or the workload's]
-    #[arg(long)]
-    threads: Option<usize>,
-    /// preset request shape: custom (the defaults above), serving (10 threads, 32 x 32 KiB
-    /// per batch), latency (1 thread, one 4 KiB request per batch)
-    #[arg(long, value_enum, default_value = "custom")]
-    workload: Workload,
-    /// GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb
-    #[arg(long = "report_unit", default_value = "GB")]
-    report_unit: String,
-    /// digits after the point
-    #[arg(long = "report_precision", default_value_t = 2)]
-    report_precision: usize,
-    /// also print one JSON line with the figures
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Mode {
-    Initiator,
-    Target,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq)]
-enum Operation {
-    Read,
-    Write,
-}
-
 /// Runs the benchmark with `args` (the first is the program name); returns the exit status.
-pub fn main_with_args<I, T>(args: I) -> i32
-where
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    let flags = match Flags::try_parse_from(args) {
-        Ok(f) => f,
+pub fn main_with_args(args: impl IntoIterator<Item = String>) -> i32 {
+    let args: Vec<String> = args.into_iter().collect();
+    let flags = match Flags::parse(&args) {
+        Ok(Some(f)) => f,
+        Ok(None) => {
+            print!("{}", cli::HELP);
+            return 0;
+        }
         Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { 2 } else { 0 };
+            eprintln!("transfer_engine_bench: {e}");
+            return 2;
         }
     };
     match run(flags) {
@@ -426,13 +354,14 @@ mod tests {
 
     #[test]
     fn workload_flags_parse_and_explicit_sizes_win() {
-        let f = Flags::try_parse_from([
+        let args = [
             "bench",
             "--workload=serving",
             "--segment_id=127.0.0.1:1,127.0.0.1:2",
             "--threads=3",
-        ])
-        .unwrap();
+        ]
+        .map(String::from);
+        let f = Flags::parse(&args).unwrap().unwrap();
         assert_eq!(f.workload, Workload::Serving);
         let shape = f
             .workload
@@ -443,6 +372,6 @@ mod tests {
             (32768, 32, 3)
         );
         assert_eq!(parse_segments(&f.segment_id).unwrap().len(), 2);
-        assert!(Flags::try_parse_from(["bench", "--workload=bulk"]).is_err());
+        assert!(Flags::parse(&["bench", "--workload=bulk"].map(String::from)).is_err());
     }
 }

@@ -1,11 +1,9 @@
 //! Named workloads: the request shapes a run takes unless its flags say otherwise, and the
 //! list of targets a run spreads its batches over.
 
-use clap::ValueEnum;
-
 /// A preset for `--block_size`, `--batch_size` and `--threads`; a flag given explicitly
 /// wins over the preset.
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Workload {
     /// The flags' own defaults (64 KiB x 128, 12 threads), as upstream's bench.
     Custom,

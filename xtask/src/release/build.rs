@@ -24,7 +24,8 @@ use crate::source::{self, Source};
 use crate::version::dist_file_stem;
 use crate::Workspace;
 
-/// The cargo profile of the release wheel (workspace Cargo.toml `[profile.wheel]`: fat LTO).
+/// The cargo profile of the release wheel (workspace Cargo.toml `[profile.wheel]`: fat LTO,
+/// opt-level "s").
 pub const WHEEL_PROFILE: &str = "wheel";
 
 /// The lock file of the Python build tools (maturin, auditwheel), with hashes.
