@@ -50,68 +50,6 @@ trait PostOne {
         rkey: u32,
         signaled: bool,
     ) -> Result<(), VerbsError>;
-
-    /// # Safety
-    /// As [`Qp::post`].
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one argument per ibv_send_wr field"
-    )]
-    unsafe fn post_write(
-        &self,
-        wr_id: u64,
-        local_addr: u64,
-        len: u32,
-        lkey: u32,
-        remote_addr: u64,
-        rkey: u32,
-        signaled: bool,
-    ) -> Result<(), VerbsError> {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            self.post_one(
-                WrOp::Write,
-                wr_id,
-                local_addr,
-                len,
-                lkey,
-                remote_addr,
-                rkey,
-                signaled,
-            )
-        }
-    }
-
-    /// # Safety
-    /// As [`Qp::post`].
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one argument per ibv_send_wr field"
-    )]
-    unsafe fn post_read(
-        &self,
-        wr_id: u64,
-        local_addr: u64,
-        len: u32,
-        lkey: u32,
-        remote_addr: u64,
-        rkey: u32,
-        signaled: bool,
-    ) -> Result<(), VerbsError> {
-        // SAFETY: forwarded from the caller.
-        unsafe {
-            self.post_one(
-                WrOp::Read,
-                wr_id,
-                local_addr,
-                len,
-                lkey,
-                remote_addr,
-                rkey,
-                signaled,
-            )
-        }
-    }
 }
 
 impl PostOne for Qp {
@@ -322,7 +260,7 @@ fn initiator() {
 
     // Posting before the QP is connected is refused by the library, not crashed on.
     // SAFETY: the range is registered; the post is refused, so nothing is touched.
-    let early = unsafe { qp.post_write(1, local.addr(), 8, mr.lkey(), 0, 0, true) };
+    let early = unsafe { qp.post_one(WrOp::Write, 1, local.addr(), 8, mr.lkey(), 0, 0, true) };
     assert!(
         matches!(early, Err(VerbsError::Failed { verb: "ibv_post_send", errno, .. }) if errno == libc::EINVAL),
         "{early:?}"
@@ -399,7 +337,8 @@ fn initiator() {
         let len = SLICE.min(LEN - off) as u32;
         // SAFETY: as above.
         unsafe {
-            qp.post_read(
+            qp.post_one(
+                WrOp::Read,
                 3000 + i as u64,
                 local.addr() + off as u64,
                 len,
@@ -418,7 +357,8 @@ fn initiator() {
     // 4. A bad rkey: remote access error, typed; the QP errs and the next WR is flushed.
     // SAFETY: as above.
     unsafe {
-        qp.post_write(
+        qp.post_one(
+            WrOp::Write,
             4000,
             local.addr(),
             4096,
@@ -430,7 +370,19 @@ fn initiator() {
     }
     .unwrap();
     // SAFETY: as above.
-    unsafe { qp.post_write(4001, local.addr(), 4096, mr.lkey(), raddr, rkey, false) }.unwrap();
+    unsafe {
+        qp.post_one(
+            WrOp::Write,
+            4001,
+            local.addr(),
+            4096,
+            mr.lkey(),
+            raddr,
+            rkey,
+            false,
+        )
+    }
+    .unwrap();
     let done = wait_for(&cq, 2);
     assert_eq!(done[0].wr_id, 4000);
     assert_eq!(done[0].status, WcStatus::RemAccessErr, "{:?}", done[0]);
@@ -447,7 +399,19 @@ fn initiator() {
     qp.to_init(1, 0, access).unwrap();
     connect(&ctx, &qp, qpn, pgid);
     // SAFETY: as above.
-    unsafe { qp.post_read(5000, local.addr(), 4096, mr.lkey(), raddr, rkey, true) }.unwrap();
+    unsafe {
+        qp.post_one(
+            WrOp::Read,
+            5000,
+            local.addr(),
+            4096,
+            mr.lkey(),
+            raddr,
+            rkey,
+            true,
+        )
+    }
+    .unwrap();
     let done = wait_for(&cq, 1);
     assert_eq!(done[0].status, WcStatus::Success, "{:?}", done[0]);
 
@@ -511,7 +475,8 @@ fn loopback(ctx: &Arc<Context>, gid_index: u32) {
             for (i, off) in (0..len).step_by(SLICE).enumerate() {
                 // SAFETY: in `src`'s and `dst`'s MRs; not touched until polled below.
                 unsafe {
-                    a.post_write(
+                    a.post_one(
+                        WrOp::Write,
                         i as u64,
                         src.addr() + off as u64,
                         SLICE as u32,
@@ -535,7 +500,8 @@ fn loopback(ctx: &Arc<Context>, gid_index: u32) {
     );
     // SAFETY: as above.
     unsafe {
-        b.post_read(
+        b.post_one(
+            WrOp::Read,
             9,
             back.addr(),
             len as u32,
@@ -626,7 +592,8 @@ fn child_role() {
             for i in 0..8 {
                 // SAFETY: both ends in `mr`; completions are deliberately never polled.
                 unsafe {
-                    a.post_write(
+                    a.post_one(
+                        WrOp::Write,
                         i,
                         buf.addr(),
                         64,
