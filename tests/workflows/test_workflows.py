@@ -165,7 +165,7 @@ def test_job_order(release):
         n = j[name]["needs"]
         return set(n if isinstance(n, list) else [n])
 
-    # The order of xtask/README.md: GitHub draft -> PyPI -> GitHub undraft -> images.
+    # The order of xtask/README.md: GitHub draft -> PyPI -> GitHub undraft -> images -> record.
     assert needs("build") == {"plan"}
     assert "build" in needs("verify")
     assert "verify" in needs("attest")
@@ -173,6 +173,7 @@ def test_job_order(release):
     assert "github-draft" in needs("publish-pypi")
     assert "publish-pypi" in needs("github-undraft")
     assert "github-undraft" in needs("images")
+    assert "images" in needs("github-record")
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -188,7 +189,7 @@ def test_least_privilege(path: Path):
         if level == "write"
     }
     expected = {("publish-pypi", "id-token"), ("github-draft", "contents"),
-                ("github-undraft", "contents"), ("attest", "id-token"),
+                ("github-undraft", "contents"), ("github-record", "contents"), ("attest", "id-token"),
                 ("attest", "attestations"), ("images", "id-token"), ("images", "attestations")}
     assert writes == (expected if path == RELEASE else set())
 
@@ -214,6 +215,7 @@ PUBLISH_COMMANDS = {
     "github-draft": 'cargo xtask publish github "$TAG"',
     "publish-pypi": 'cargo xtask publish pypi "$TAG" --check-only',
     "github-undraft": 'cargo xtask publish undraft "$TAG"',
+    "github-record": 'cargo xtask publish record "$TAG"',
 }
 
 
@@ -266,7 +268,8 @@ def test_build_runs_in_the_builder_image_from_release_toml(release):
 def test_artifacts_travel_by_upload_and_download_and_are_verified(release):
     j = jobs(release)
     assert any("upload-artifact" in s.get("uses", "") for s in j["build"]["steps"])
-    for name in ("verify", "attest", "github-draft", "publish-pypi", "github-undraft", "images"):
+    for name in ("verify", "attest", "github-draft", "publish-pypi", "github-undraft", "images",
+                 "github-record"):
         steps = j[name]["steps"]
         assert any("download-artifact" in s.get("uses", "") for s in steps), name
         runs = "\n".join(s.get("run", "") for s in steps)
@@ -288,7 +291,7 @@ def test_images_job_runs_the_xtask_and_keeps_the_recorded_digests(release):
     assert "RELEASES.md" in paths and any(p.startswith("target/dist/") for p in paths)
 
 
-def test_images_are_attested_and_the_manifest_records_every_attestation(release):
+def test_images_are_attested_and_the_publication_record_holds_every_attestation(release):
     j = jobs(release)
     attest = next(s for s in j["attest"]["steps"] if "attest-build-provenance" in s.get("uses", ""))
     keep = [s for s in j["attest"]["steps"] if "upload-artifact" in s.get("uses", "")]
@@ -308,7 +311,15 @@ def test_images_are_attested_and_the_manifest_records_every_attestation(release)
     bundles = set(steps[record]["env"].values())
     assert bundles == {"${{ steps.%s.outputs.bundle-path }}" % s["id"] for s in images}
     upload = [s for s in steps[record + 1 :] if "upload-artifact" in s.get("uses", "")]
-    assert len(upload) == 1, "the manifest with the attestations is kept"
+    assert len(upload) == 1, "the publication record with the attestations is kept"
+    # The record travels from github-undraft to the images job, and from there onto the release.
+    keep = [s for s in j["github-undraft"]["steps"] if "upload-artifact" in s.get("uses", "")]
+    assert [s["with"]["name"] for s in keep] == ["release-publication"]
+    fetched = [s["with"]["name"] for s in steps if "download-artifact" in s.get("uses", "")]
+    assert "release-publication" in fetched
+    fetched = [s["with"]["name"] for s in j["github-record"]["steps"]
+               if "download-artifact" in s.get("uses", "")]
+    assert fetched == ["release-images"]
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)

@@ -1,13 +1,11 @@
-//! `cargo xtask record-attestation <dir-or-tag> <bundle>...`: record in the release manifest what
-//! the release workflow attested (`actions/attest-build-provenance`): per attestation, its
-//! predicate type and every subject with its digest, read from the Sigstore bundles the action
-//! writes (`bundle-path`). Signatures are GitHub's and Sigstore's to check
-//! (`gh attestation verify`); this checks that each subject is a file of the release with those
-//! bytes, or one of the manifest's images with that digest, before anything is recorded.
-//!
-//! The attestation of the release directory names `dist-manifest.json` and `sha256.sum` as they
-//! were before this record, which rewrites both: their digests are recorded as attested, not
-//! compared with the rewritten files.
+//! `cargo xtask record-attestation <dir-or-tag> <bundle>...`: record in the release's publication
+//! record (`publication.json`) what the release workflow attested
+//! (`actions/attest-build-provenance`): per attestation, its predicate type and every subject with
+//! its digest, read from the Sigstore bundles the action writes (`bundle-path`). Signatures are
+//! GitHub's and Sigstore's to check (`gh attestation verify`); this checks that each subject is a
+//! file of the release with those bytes (`sha256.sum` and the manifest included: neither changes
+//! after the `checksums` phase), or one of the recorded images with that digest, before anything
+//! is recorded.
 
 use std::path::Path;
 
@@ -18,40 +16,32 @@ use xshell::Shell;
 
 use crate::checksums::{self, AttestedSubject, Manifest, ManifestAttestation, MANIFEST, SUMS};
 use crate::flags;
-use crate::image_reference::ImageRef;
+use crate::publication::{self, Publication};
 
 impl flags::RecordAttestation {
     pub fn run(self, sh: &Shell) -> anyhow::Result<()> {
         let dist = checksums::resolve_dir(&sh.current_dir(), &self.dir_or_tag);
         checksums::verify_dir(&dist)?;
-        let mut manifest = checksums::read_manifest(&dist)?;
+        let manifest = checksums::read_manifest(&dist)?;
+        let mut record = Publication::load_or_new(&dist, &manifest)?;
         for bundle in &self.bundles {
             let text = std::fs::read_to_string(bundle)
                 .with_context(|| format!("cannot read {}", bundle.display()))?;
             for attestation in parse_bundles(&text)
                 .with_context(|| format!("{} is not an attestation bundle", bundle.display()))?
             {
-                check_subjects(&dist, &manifest, &attestation)?;
+                check_subjects(&dist, &manifest, &record, &attestation)?;
                 println!(
                     "{}: {} subjects attested ({})",
                     bundle.display(),
                     attestation.subjects.len(),
                     attestation.predicate_type
                 );
-                record(&mut manifest, attestation);
+                record.record_attestation(attestation);
             }
         }
-        checksums::write(&dist, &manifest)?;
-        checksums::verify_dir(&dist)?;
+        publication::write(&dist, &record)?;
         Ok(())
-    }
-}
-
-/// Adds `attestation` to the manifest once: a re-run records nothing twice.
-pub fn record(manifest: &mut Manifest, mut attestation: ManifestAttestation) {
-    attestation.subjects.sort();
-    if !manifest.attestations.contains(&attestation) {
-        manifest.attestations.push(attestation);
     }
 }
 
@@ -131,19 +121,25 @@ fn statement(bundle: Bundle) -> anyhow::Result<ManifestAttestation> {
     })
 }
 
-/// Every subject is ours: a release file with those bytes, or a manifest image by name with that
-/// digest. The manifest and the sums are the exception named in the module comment.
+/// Every subject is ours: a release file with those bytes, or a recorded image by name with that
+/// digest.
 pub fn check_subjects(
     dist: &Path,
     manifest: &Manifest,
+    record: &Publication,
     attestation: &ManifestAttestation,
 ) -> anyhow::Result<()> {
     for s in &attestation.subjects {
-        if s.name == MANIFEST || s.name == SUMS {
-            continue;
-        }
-        if let Some(a) = manifest.artifacts.get(&s.name) {
-            let ours = format!("sha256:{}", a.sha256().unwrap_or_default());
+        let ours = match s.name.as_str() {
+            SUMS => Some(record.sums_sha256.clone()),
+            MANIFEST => Some(record.manifest_sha256.clone()),
+            name => manifest
+                .artifacts
+                .get(name)
+                .map(|a| a.sha256().unwrap_or_default().to_owned()),
+        };
+        if let Some(ours) = ours {
+            let ours = format!("sha256:{ours}");
             if ours != s.digest {
                 bail!(
                     "the attestation names {} with {}, but the release holds {ours}: it attests \
@@ -154,10 +150,7 @@ pub fn check_subjects(
             }
             continue;
         }
-        let image = manifest.images.values().find(|i| {
-            ImageRef::parse(&i.reference).is_ok_and(|r| r.name == s.name) && i.digest == s.digest
-        });
-        if image.is_none() {
+        if record.image_by_digest(s).is_none() {
             bail!(
                 "the attestation names {} ({}), which is neither a file of {} nor one of its \
                  images by digest; nothing was recorded",
@@ -214,11 +207,12 @@ mod tests {
         let dir = temp_dir("attestation");
         checksums::write(&dir, &standin_manifest(&dir)).unwrap();
         let m = checksums::read_manifest(&dir).unwrap();
+        let r = Publication::new(&dir, &m).unwrap();
         let wheel = "standin-0.1.0-py3-none-any.whl";
         let sha = m.artifacts[wheel].sha256().unwrap().to_owned();
         let check = |subjects: &[(&str, &str)]| {
             let a = parse_bundles(&bundle(subjects)).unwrap().remove(0);
-            check_subjects(&dir, &m, &a).map(|()| a)
+            check_subjects(&dir, &m, &r, &a).map(|()| a)
         };
         // Other bytes, or a subject that is not ours: refused, naming it.
         let err = check(&[(wheel, "00")]).unwrap_err().to_string();
@@ -228,9 +222,11 @@ mod tests {
             err.contains("ghcr.io/o/other (sha256:11), which is neither"),
             "{err}"
         );
-        // Ours (the manifest's digest is the one it had when attested).
-        let good = bundle(&[(wheel, &sha), (MANIFEST, "22")]);
-        check(&[(wheel, &sha), (MANIFEST, "22")]).unwrap();
+        // The manifest as it is: it never changes after the checksums phase.
+        let err = check(&[(MANIFEST, "22")]).unwrap_err().to_string();
+        assert!(err.contains("it attests other bytes"), "{err}");
+        let good = bundle(&[(wheel, &sha), (MANIFEST, &r.manifest_sha256)]);
+        check(&[(wheel, &sha), (MANIFEST, &r.manifest_sha256)]).unwrap();
 
         let path = dir.join("bundle.json");
         std::fs::write(&path, &good).unwrap();
@@ -243,7 +239,7 @@ mod tests {
             .run(&sh)
             .unwrap();
         }
-        let recorded = checksums::read_manifest(&dir).unwrap().attestations;
+        let recorded = publication::read(&dir).unwrap().unwrap().attestations;
         assert_eq!(recorded.len(), 1, "a re-run records nothing twice");
         assert_eq!(recorded[0].subjects.len(), 2);
         assert!(recorded[0].subjects.contains(&AttestedSubject {

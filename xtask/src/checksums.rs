@@ -4,8 +4,11 @@
 //! The manifest follows cargo-dist's `dist-manifest.json` where it fits: `announcement_tag`,
 //! `releases[] {app_name, app_version, artifacts, hosting.github}`, `artifacts{name: {kind,
 //! target_triples, checksums: {sha256}}}`, `upload_files`. It adds what cargo-dist has no place
-//! for: the source commit, the baseline wanted and found, the tools, the audit. It holds no path,
-//! time or host name, so two clones on one host write the same bytes.
+//! for: the source commit, the baseline wanted and found, the tools, the audit, and under
+//! `releases[].hosting` every place the release goes to (GitHub repository and tag, index and
+//! project, image repositories and tags), as release.toml names them. It holds no path, time or
+//! host name, so two clones on one host write the same bytes. It is never written again after
+//! this phase: what publishing finds out goes into `publication.json` (`publication.rs`).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -36,13 +39,6 @@ pub struct Manifest {
     pub tools: BTreeMap<String, String>,
     pub build: serde_json::Value,
     pub audit: serde_json::Value,
-    /// Serving images pushed for this release, by name; written by the images phase.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub images: BTreeMap<String, ManifestImage>,
-    /// What the release workflow attested (GitHub artifact attestations), recorded from the
-    /// attestation bundles by `cargo xtask record-attestation` (`attestation.rs`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub attestations: Vec<ManifestAttestation>,
 }
 
 /// One signed attestation: its in-toto predicate and the subjects it names.
@@ -349,18 +345,11 @@ pub(crate) mod tests {
             tools: BTreeMap::new(),
             build: serde_json::json!({}),
             audit: serde_json::json!({}),
-            images: BTreeMap::new(),
-            attestations: Vec::new(),
         }
     }
 
     #[test]
-    fn images_are_recorded_in_the_manifest_and_covered_by_the_sums() {
-        let dir = temp_dir("images");
-        let mut m = standin_manifest(&dir);
-        write(&dir, &m).unwrap();
-        let without = fs::read_to_string(dir.join(MANIFEST)).unwrap();
-        assert!(!without.contains("\"images\""), "no empty images section");
+    fn an_image_is_pulled_by_its_repository_and_digest() {
         let image = ManifestImage {
             reference: "127.0.0.1:15000/test/vllm-musa:0.1.0".into(),
             digest: format!("sha256:{}", "a".repeat(64)),
@@ -375,14 +364,6 @@ pub(crate) mod tests {
             image.by_digest(),
             format!("127.0.0.1:15000/test/vllm-musa@sha256:{}", "a".repeat(64))
         );
-        m.images.insert("vllm-musa".into(), image);
-        write(&dir, &m).unwrap();
-        verify_dir(&dir).unwrap();
-        assert_eq!(read_manifest(&dir).unwrap(), m);
-        let sums = fs::read_to_string(dir.join(SUMS)).unwrap();
-        let (sha, _) = sha256_file(&dir.join(MANIFEST)).unwrap();
-        assert!(sums.contains(&format!("{sha}  {MANIFEST}")), "{sums}");
-        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

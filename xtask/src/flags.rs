@@ -26,7 +26,7 @@ pub enum Xtask {
     /// Compare this host with the baseline pinned in release.toml.
     CheckBaseline(CheckBaseline),
     /// Re-hash a release directory (or target/dist/<tag>) against its sha256.sum and manifest;
-    /// with --published, compare what GitHub and the index serve with RELEASES.md.
+    /// with --published, compare what GitHub and the index serve with the publication record.
     Verify(Verify),
     /// Verify source and baseline, build, audit, checksum, publish (GitHub draft, PyPI, GitHub
     /// out of draft), build and push the images, write RELEASES.md.
@@ -35,13 +35,13 @@ pub enum Xtask {
     /// workflow's jobs run them.
     Publish(Publish),
     /// Build the serving images of release.toml [images] from target/dist/<tag>, push them by
-    /// digest, record the digests in its manifest and RELEASES.md.
+    /// digest, record the digests in its publication.json and RELEASES.md.
     Images(Images),
     /// Resolve each [[images.image]] base tag through its registry and write
     /// `@sha256:<digest>` into release.toml.
     PinBase(PinBase),
-    /// Record in a release directory's manifest what attestation bundles (Sigstore, from
-    /// actions/attest-build-provenance) attest: predicate type, subjects and digests.
+    /// Record in a release directory's publication.json what attestation bundles (Sigstore,
+    /// from actions/attest-build-provenance) attest: predicate type, subjects and digests.
     RecordAttestation(RecordAttestation),
 }
 
@@ -62,8 +62,9 @@ pub struct Verify {
     /// A release directory or a tag (target/dist/<tag>); a tag with --published.
     pub dir_or_tag: String,
     /// Download the tag's files from the GitHub Release and the index and say, per file and
-    /// place, whether they are identical to RELEASES.md, different or missing (GITHUB_API_URL,
-    /// GITHUB_TOKEN for a private repository, PYPI_INDEX_URL).
+    /// place, whether they are identical to the publication record (the release's
+    /// publication.json; target/dist/<tag>/publication.json too where there is one), different
+    /// or missing (GITHUB_API_URL, GITHUB_TOKEN for a private repository, PYPI_INDEX_URL).
     #[arg(long)]
     pub published: bool,
 }
@@ -89,7 +90,9 @@ pub struct Release {
 pub struct Publish {
     /// github: the index preflight, then the draft release, its assets uploaded and verified
     /// by digest; pypi: the wheel and sdist on the index; undraft: once the index holds the same
-    /// files and the assets are ours by digest, the release out of draft.
+    /// files and the assets are ours by digest, the release out of draft and publication.json
+    /// written and attached; record: publication.json attached again (after images,
+    /// record-attestation).
     pub step: PublishStep,
     pub dir_or_tag: String,
     /// `pypi` only: the preflight alone (what the index holds, what would be uploaded).
@@ -105,6 +108,7 @@ pub enum PublishStep {
     Github,
     Pypi,
     Undraft,
+    Record,
 }
 
 #[derive(Debug, PartialEq, Eq, Args)]

@@ -6,8 +6,8 @@
 //! podman, buildah or docker buildx into an OCI layout with `SOURCE_DATE_EPOCH` timestamps,
 //! check the labels, then compare with what the registry holds under `<registry>/<name>:<version>`:
 //! the same digest is nothing to do, another digest stops unless `--force`, none is a push
-//! (byte for byte, so the registry's digest is the layout's). The digests go into the release
-//! manifest (`images`), `sha256.sum` and `RELEASES.md`.
+//! (byte for byte, so the registry's digest is the layout's). The digests go into the release's
+//! publication record (`publication.json`, `images`) and `RELEASES.md`.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -21,6 +21,7 @@ use crate::config::ImageRecipe;
 use crate::env;
 use crate::ledger;
 use crate::phase::Phases;
+use crate::publication::{self, Publication};
 use crate::source::{self, Source};
 use crate::{flags, Workspace};
 
@@ -482,39 +483,33 @@ fn login<'a>(sh: &'a Shell, ws: &Workspace) -> anyhow::Result<Option<xshell::Pus
     }
 }
 
-/// Writes the images into the manifest, re-writes `sha256.sum`, and updates `RELEASES.md`
-/// (keeping the places the entry already names).
+/// Adds the images to the release's publication record (`publication.json`: what it holds
+/// already, places and attestations, is kept) and renders the tag's entry of `RELEASES.md` from
+/// the manifest and the record. The manifest and `sha256.sum` are not touched: they are on the
+/// release as they were attested.
 pub fn record(
     ws: &Workspace,
     source: &Source,
     dist: &Path,
-    manifest: &mut Manifest,
+    manifest: &Manifest,
     images: BTreeMap<String, ManifestImage>,
-    places: Option<&[ledger::Place]>,
-) -> anyhow::Result<String> {
-    manifest.images = images;
-    checksums::write(dist, manifest)?;
-    checksums::verify_dir(dist)?;
-    let kept;
-    let places = match places {
-        Some(p) => p,
-        None => {
-            let old = fs::read_to_string(ws.root.join(ledger::LEDGER)).unwrap_or_default();
-            kept = ledger::places_in(&old, &source.tag);
-            &kept
-        }
-    };
-    let changed = ledger::write(ws, source, manifest, places)?;
-    Ok(format!(
-        "{} image digest(s) in {}; {}",
-        manifest.images.len(),
-        checksums::MANIFEST,
+) -> anyhow::Result<(Publication, String)> {
+    let mut record = Publication::load_or_new(dist, manifest)?;
+    record.images.extend(images);
+    let wrote = publication::write(dist, &record)?;
+    let changed = ledger::write(ws, source, manifest, &record)?;
+    let outcome = format!(
+        "{} image digest(s) in {} ({}); {}",
+        record.images.len(),
+        publication::PUBLICATION,
+        if wrote { "updated" } else { "unchanged" },
         if changed {
             "RELEASES.md updated"
         } else {
             "RELEASES.md already has this entry"
         }
-    ))
+    );
+    Ok((record, outcome))
 }
 
 impl flags::Images {
@@ -538,7 +533,7 @@ impl flags::Images {
             Ok((s, outcome))
         })?;
         let dist = ws.dist_dir(&source.tag);
-        let mut manifest = phases.run("verify dist", || {
+        let manifest = phases.run("verify dist", || {
             let m = release_manifest(&dist, &source)?;
             Ok((
                 m,
@@ -555,8 +550,15 @@ impl flags::Images {
             Ok((images, outcome))
         })?;
         phases.run("record", || {
-            let outcome = record(ws, &source, &dist, &mut manifest, images, None)?;
-            Ok(((), outcome))
+            let (_, outcome) = record(ws, &source, &dist, &manifest, images)?;
+            Ok((
+                (),
+                format!(
+                    "{outcome}; attach the record to the release with `cargo xtask publish \
+                     record {}`",
+                    source.tag
+                ),
+            ))
         })?;
         Ok(())
     }

@@ -1,14 +1,17 @@
 //! Phase `ledger`: the release's entry in `RELEASES.md`.
 //!
-//! One entry per tag between `<!-- release <tag> -->` markers, newest first. The entry depends
-//! only on the release (tag, commit, commit date, artifacts, places), never on the clock, so a
-//! re-run writes the same bytes and a re-publish replaces the entry in place.
+//! One entry per tag between `<!-- release <tag> -->` markers, newest first, rendered from the
+//! release's manifest (tag, commit, commit date, artifacts) and its publication record
+//! (`publication.rs`: places, images). Nothing is ever read back from this file but the markers
+//! that say where the tag's entry goes. The entry depends only on the release, never on the
+//! clock, so a re-run writes the same bytes and a re-publish replaces the entry in place.
 
 use std::fs;
 
 use anyhow::Context;
 
 use crate::checksums::Manifest;
+use crate::publication::Publication;
 use crate::source::Source;
 use crate::Workspace;
 
@@ -23,37 +26,13 @@ and the serving images by digest. Written by `cargo xtask release <tag>` (images
 `cargo xtask verify <dir>`, pull an image by the digest listed here.
 ";
 
-/// What a publish phase did: where, and which files it uploaded or found already identical.
-#[derive(Debug)]
-pub struct Published {
-    pub place: Place,
-    pub uploaded: Vec<String>,
-    pub identical: Vec<String>,
-}
-
-impl Published {
-    pub fn summary(&self) -> String {
-        format!(
-            "{} uploaded, {} already identical: {}",
-            self.uploaded.len(),
-            self.identical.len(),
-            self.place.url
-        )
-    }
-
-    pub fn place(&self) -> Place {
-        self.place.clone()
-    }
-}
-
-/// Where a release was published, one line of the entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Place {
-    pub name: String,
-    pub url: String,
-}
-
-pub fn entry(ws: &Workspace, source: &Source, manifest: &Manifest, places: &[Place]) -> String {
+/// The entry of a release: `record` is `None` before anything was published (`--dry-run`).
+pub fn entry(
+    ws: &Workspace,
+    source: &Source,
+    manifest: &Manifest,
+    record: Option<&Publication>,
+) -> String {
     let mut out = format!("<!-- release {} -->\n## {}\n\n", source.tag, source.tag);
     out.push_str(&format!(
         "- Distribution: `{}` {}\n",
@@ -84,7 +63,8 @@ pub fn entry(ws: &Workspace, source: &Source, manifest: &Manifest, places: &[Pla
             "- Built: {mode} baseline, {n} differences from it\n"
         ));
     }
-    for p in places {
+    let places = record.into_iter().flat_map(|r| [&r.github, &r.index]);
+    for p in places.flatten() {
         out.push_str(&format!("- Published: {} <{}>\n", p.name, p.url));
     }
     out.push_str("\n| artifact | bytes | SHA256 |\n|---|---:|---|\n");
@@ -93,9 +73,10 @@ pub fn entry(ws: &Workspace, source: &Source, manifest: &Manifest, places: &[Pla
             out.push_str(&format!("| `{}` | {size} | `{sha}` |\n", a.name));
         }
     }
-    if !manifest.images.is_empty() {
+    let images = record.map(|r| &r.images).filter(|i| !i.is_empty());
+    if let Some(images) = images {
         out.push_str("\n| image | digest | base |\n|---|---|---|\n");
-        for i in manifest.images.values() {
+        for i in images.values() {
             out.push_str(&format!(
                 "| `{}` | `{}` | `{}` |\n",
                 i.reference, i.digest, i.base
@@ -106,67 +87,20 @@ pub fn entry(ws: &Workspace, source: &Source, manifest: &Manifest, places: &[Pla
     out
 }
 
-/// The places an existing entry names (`- Published: NAME <URL>`), so that a later phase
-/// (`cargo xtask images`) can rewrite the entry without forgetting them.
-pub fn places_in(ledger: &str, tag: &str) -> Vec<Place> {
-    entry_of(ledger, tag)
-        .lines()
-        .filter_map(|l| l.strip_prefix("- Published: "))
-        .filter_map(|l| {
-            let (name, url) = l.strip_suffix('>')?.rsplit_once(" <")?;
-            Some(Place {
-                name: name.to_owned(),
-                url: url.to_owned(),
-            })
-        })
-        .collect()
-}
-
-/// The artifacts an entry records: file name -> sha256 (`| `NAME` | BYTES | `SHA256` |`).
-pub fn artifacts_in(ledger: &str, tag: &str) -> std::collections::BTreeMap<String, String> {
-    entry_of(ledger, tag)
-        .lines()
-        .filter_map(|l| {
-            let cells: Vec<&str> = l
-                .trim()
-                .strip_prefix('|')?
-                .strip_suffix('|')?
-                .split('|')
-                .collect();
-            let [name, _bytes, sha] = cells[..] else {
-                return None;
-            };
-            let name = name.trim().strip_prefix('`')?.strip_suffix('`')?;
-            let sha = sha.trim().strip_prefix('`')?.strip_suffix('`')?;
-            (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()))
-                .then(|| (name.to_owned(), sha.to_owned()))
-        })
-        .collect()
-}
-
-/// The text of `tag`'s entry, empty when there is none.
-fn entry_of<'a>(ledger: &'a str, tag: &str) -> &'a str {
-    let open = format!("<!-- release {tag} -->\n");
-    let close = format!("<!-- /release {tag} -->\n");
-    let Some(start) = ledger.find(&open) else {
-        return "";
-    };
-    match ledger[start..].find(&close) {
-        Some(len) => &ledger[start..start + len],
-        None => "",
-    }
-}
-
 /// Writes or replaces the entry; returns whether the file changed.
 pub fn write(
     ws: &Workspace,
     source: &Source,
     manifest: &Manifest,
-    places: &[Place],
+    record: &Publication,
 ) -> anyhow::Result<bool> {
     let path = ws.root.join(LEDGER);
     let old = fs::read_to_string(&path).unwrap_or_default();
-    let new = upsert(&old, &source.tag, &entry(ws, source, manifest, places));
+    let new = upsert(
+        &old,
+        &source.tag,
+        &entry(ws, source, manifest, Some(record)),
+    );
     if new == old {
         return Ok(false);
     }
@@ -227,8 +161,9 @@ mod tests {
     }
 
     #[test]
-    fn an_entry_lists_places_artifacts_and_images_and_keeps_its_places_on_rewrite() {
+    fn an_entry_is_rendered_from_the_manifest_and_the_publication_record() {
         use crate::checksums::ManifestImage;
+        use crate::publication::Place;
         let ws = Workspace {
             root: std::path::PathBuf::from("/nonexistent"),
             config: crate::ReleaseConfig::parse(include_str!("../../release.toml")).unwrap(),
@@ -247,8 +182,25 @@ mod tests {
             "upload_files": [], "baseline": {}, "tools": {}, "build": {}, "audit": {},
         }))
         .unwrap();
-        let mut with_images = manifest.clone();
-        with_images.images.insert(
+        let mut record: Publication = serde_json::from_value(serde_json::json!({
+            "tag": "v0.1.0", "sums_sha256": "1".repeat(64), "manifest_sha256": "2".repeat(64),
+        }))
+        .unwrap();
+        let dry = entry(&ws, &source, &manifest, None);
+        assert!(
+            !dry.contains("- Published:") && !dry.contains("| image |"),
+            "{dry}"
+        );
+        record.index = Some(Place {
+            name: "PyPI".into(),
+            url: "https://p/1".into(),
+            files: Default::default(),
+        });
+        let first = upsert("", "v0.1.0", &entry(&ws, &source, &manifest, Some(&record)));
+        assert!(first.contains("- Published: PyPI <https://p/1>"), "{first}");
+        assert!(!first.contains("| image |"));
+        // What `cargo xtask images` does: the same record, now with the images.
+        record.images.insert(
             "vllm-musa".into(),
             ManifestImage {
                 reference: "ghcr.io/o/vllm-musa:0.1.0".into(),
@@ -258,15 +210,11 @@ mod tests {
                 wheel_sha256: "a".repeat(64),
             },
         );
-        let places = [Place {
-            name: "PyPI".into(),
-            url: "https://p/1".into(),
-        }];
-        let first = upsert("", "v0.1.0", &entry(&ws, &source, &manifest, &places));
-        assert!(!first.contains("| image |"));
-        // What `cargo xtask images` does: rewrite the entry with the places it already had.
-        let kept = places_in(&first, "v0.1.0");
-        let second = upsert(&first, "v0.1.0", &entry(&ws, &source, &with_images, &kept));
+        let second = upsert(
+            &first,
+            "v0.1.0",
+            &entry(&ws, &source, &manifest, Some(&record)),
+        );
         assert!(
             second.contains("- Published: PyPI <https://p/1>"),
             "{second}"
@@ -278,31 +226,6 @@ mod tests {
         )));
         assert!(second.contains(&format!("| `w.whl` | 5 | `{}` |", "a".repeat(64))));
         assert_eq!(second.matches("<!-- release v0.1.0 -->").count(), 1);
-    }
-
-    #[test]
-    fn places_are_read_back_from_an_entry() {
-        let ledger =
-            "# Releases\n\n<!-- release v0.2.0 -->\n## v0.2.0\n- Published: PyPI <https://p/2>\n\
-                      <!-- /release v0.2.0 -->\n\n<!-- release v0.1.0 -->\n## v0.1.0\n\
-                      - Published: GitHub Releases <https://g/1>\n- Published: PyPI <https://p/1>\n\
-                      <!-- /release v0.1.0 -->\n";
-        let places = places_in(ledger, "v0.1.0");
-        assert_eq!(
-            places,
-            [
-                Place {
-                    name: "GitHub Releases".into(),
-                    url: "https://g/1".into()
-                },
-                Place {
-                    name: "PyPI".into(),
-                    url: "https://p/1".into()
-                },
-            ]
-        );
-        assert_eq!(places_in(ledger, "v0.2.0").len(), 1);
-        assert!(places_in(ledger, "v0.3.0").is_empty());
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! `main.rs` parses [`flags`] and calls `run` on the chosen command; each command lives in its
 //! own module (`plan`, `check_baseline`, `verify`, `release`, `publish`, `images`,
 //! `pin_base`), the phases of a release in `release/`, the image builders and registry in
-//! `images/`. The records they share depend on no command: [`source`], [`checksums`],
-//! [`ledger`], [`image_reference`].
+//! `images/`. The records they share depend on no command: [`source`], [`checksums`] (the
+//! manifest, frozen once checksummed), [`publication`] (where the release was published),
+//! [`ledger`] (rendered from both), [`image_reference`].
 
 // The lints the workspace is adopting: a failure is an error that says what to do, not a panic.
 #![warn(
@@ -27,6 +28,7 @@ pub mod ledger;
 pub mod phase;
 pub mod pin_base;
 pub mod plan;
+pub mod publication;
 pub mod publish;
 pub mod release;
 pub mod retry;

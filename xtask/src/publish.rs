@@ -3,8 +3,11 @@
 
 use xshell::Shell;
 
+use anyhow::bail;
+
 use crate::checksums;
 use crate::flags;
+use crate::publication::{self, Publication};
 use crate::release::publish;
 use crate::Workspace;
 
@@ -33,11 +36,27 @@ impl flags::Publish {
                 format!("PyPI: {}", p.summary())
             }
             flags::PublishStep::Undraft => {
-                let [github, index] = publish::undraft(&ws, &dist, &manifest)?;
+                let record = publish::undraft(&ws, &dist, &manifest)?;
+                let url = |p: &Option<crate::publication::Place>| {
+                    p.as_ref().map(|p| p.url.clone()).unwrap_or_default()
+                };
                 format!(
                     "published {} (the index holds the same files: {})",
-                    github.url, index.url
+                    url(&record.github),
+                    url(&record.index)
                 )
+            }
+            flags::PublishStep::Record => {
+                if publication::read(&dist)?.is_none() {
+                    bail!(
+                        "{} has no {}: `cargo xtask publish undraft` writes it",
+                        dist.display(),
+                        publication::PUBLICATION
+                    );
+                }
+                // Refuses a record of another build than this directory's.
+                let record = Publication::load_or_new(&dist, &manifest)?;
+                publish::attach(&ws, &record)?
             }
         };
         println!("{outcome}");

@@ -158,7 +158,7 @@ fn dry_run(ws: &Workspace, prepared: &Prepared, phases: &mut Phases) {
     }
     eprintln!(
         "and add this entry to RELEASES.md:\n\n{}",
-        ledger::entry(ws, source, manifest, &[])
+        ledger::entry(ws, source, manifest, None)
     );
 }
 
@@ -174,7 +174,7 @@ fn publish_phases(
         source,
         image_plan,
         dist,
-        mut manifest,
+        manifest,
     } = prepared;
     phases.run("GitHub draft", || {
         let r = publish::github(ws, &dist, &manifest, cmd.allow_older)?;
@@ -186,10 +186,11 @@ fn publish_phases(
         let outcome = r.summary();
         Ok((r, outcome))
     })?;
-    let places = phases.run("GitHub undraft", || {
-        let places = publish::undraft(ws, &dist, &manifest)?;
-        let outcome = format!("{} is public", places[0].url);
-        Ok((places, outcome))
+    phases.run("GitHub undraft", || {
+        let record = publish::undraft(ws, &dist, &manifest)?;
+        let url = record.github.as_ref().map(|p| p.url.as_str());
+        let outcome = format!("{} is public", url.unwrap_or_default());
+        Ok(((), outcome))
     })?;
     let pushed = if let Some(plan) = &image_plan {
         phases.run("images", || {
@@ -209,8 +210,9 @@ fn publish_phases(
         BTreeMap::new()
     };
     phases.run("ledger", || {
-        let outcome = images::record(ws, &source, &dist, &mut manifest, pushed, Some(&places))?;
-        Ok(((), outcome))
+        let (record, outcome) = images::record(ws, &source, &dist, &manifest, pushed)?;
+        let attached = publish::attach(ws, &record)?;
+        Ok(((), format!("{outcome}; {attached}")))
     })?;
     Ok(())
 }
@@ -242,6 +244,18 @@ pub fn manifest(
         .into_iter()
         .map(|a| (a.name.clone(), a))
         .collect();
+    // Where the images go, by name: what the images phase pushes (publication.json records
+    // the digests).
+    let images = ws
+        .config
+        .images
+        .images
+        .iter()
+        .map(|r| {
+            let target = ws.config.images.target(r, &source.version)?;
+            Ok((r.name.clone(), target.to_string()))
+        })
+        .collect::<anyhow::Result<BTreeMap<String, String>>>()?;
     let upload_files = vec![
         file_name(&built.wheel),
         file_name(&built.sdist),
@@ -271,7 +285,13 @@ pub fn manifest(
                     "owner": owner,
                     "repo": repo,
                 },
-                "pypi": { "repository_url": ws.config.pypi.repository_url },
+                "pypi": {
+                    "repository_url": ws.config.pypi.repository_url,
+                    "index_url": ws.config.pypi.index_url,
+                    "project": ws.config.distribution,
+                    "version": source.version,
+                },
+                "images": images,
             }),
         }],
         artifacts,
@@ -280,8 +300,6 @@ pub fn manifest(
         tools: built.tools.clone(),
         build: serde_json::to_value(&built.settings)?,
         audit: serde_json::to_value(audited)?,
-        images: BTreeMap::new(),
-        attestations: Vec::new(),
     })
 }
 

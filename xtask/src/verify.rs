@@ -1,7 +1,7 @@
 //! `cargo xtask verify <dir-or-tag>`: re-hash a release's artifacts against its `sha256.sum`
 //! and manifest. What an image builder runs before it installs the wheel.
 //! `cargo xtask verify <tag> --published`: the files as GitHub and the index serve them, compared
-//! with RELEASES.md (`verify/published.rs`).
+//! with the publication record (`verify/published.rs`).
 
 use xshell::Shell;
 

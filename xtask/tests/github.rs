@@ -75,7 +75,7 @@ fn publish_files(
     tag: &str,
     commit: &str,
     files: &[PathBuf],
-) -> anyhow::Result<xtask::ledger::Published> {
+) -> anyhow::Result<xtask::publication::Published> {
     let out = draft_files(target, token, tag, commit, files)?;
     undraft_files(target, token, tag, files)?;
     Ok(out)

@@ -21,7 +21,9 @@ use std::process::Command;
 
 use support::devpi::{standin_artifacts, start_devpi};
 use support::github_standin::{GitHubStandin, TagTarget};
-use xtask::checksums::{self, Manifest, ManifestArtifact, ManifestRelease, SUMS};
+use support::xtask_in;
+use xtask::checksums::{self, Manifest, ManifestArtifact, ManifestImage, ManifestRelease, SUMS};
+use xtask::publication::{self, PUBLICATION};
 
 const TAG: &str = "v0.1.0";
 const COMMIT: &str = "1111111111111111111111111111111111111111";
@@ -72,8 +74,6 @@ fn workspace(root: &Path, variant: &str) -> PathBuf {
         tools: BTreeMap::new(),
         build: serde_json::json!({}),
         audit: serde_json::json!({}),
-        images: BTreeMap::new(),
-        attestations: Vec::new(),
     };
     checksums::write(&dist, &manifest).unwrap();
     dist
@@ -194,6 +194,69 @@ fn the_workflow_publishes_in_order_and_a_rerun_changes_nothing() {
     let s = run_line(&root, &undraft, &env);
     assert!(s.ok, "{}", s.out);
     assert!(!gh.release(TAG).unwrap().draft);
+    // The publication record: both places with every file as each serves it, attached to the
+    // release that is now public.
+    let record = publication::read(&dist)
+        .unwrap()
+        .expect("publication.json written");
+    let github = record.github.as_ref().unwrap();
+    let on_index = record.index.as_ref().unwrap();
+    assert_eq!(github.files.len(), 4, "{record:?}");
+    assert_eq!(
+        on_index.files.keys().collect::<Vec<_>>(),
+        [
+            "standin_dist-0.1.0-py3-none-any.whl",
+            "standin_dist-0.1.0.tar.gz"
+        ]
+    );
+    assert!(on_index
+        .files
+        .values()
+        .all(|f| f.url.starts_with("http://127.0.0.1")));
+    let attached = |gh: &GitHubStandin| {
+        let r = gh.release(TAG).unwrap();
+        r.assets
+            .iter()
+            .find(|a| a.name == PUBLICATION)
+            .map(|a| a.bytes.clone())
+    };
+    assert_eq!(attached(&gh), Some(record.to_bytes().unwrap()));
+    assert!(
+        s.out
+            .contains("publication.json: attached on release v0.1.0"),
+        "{}",
+        s.out
+    );
+    // What users run: every file identical to the record, in both places.
+    let verify = xtask_in(&root, &["verify", TAG, "--published"], &env);
+    verify.assert_ok();
+    assert_eq!(verify.stdout.lines().count(), 7, "{}", verify.stdout);
+
+    // A partial publish (the record never reached the release): the re-run attaches it.
+    gh.tamper(TAG, PUBLICATION, None);
+    let s = run_line(&root, &undraft, &env);
+    assert!(s.ok, "{}", s.out);
+    assert_eq!(attached(&gh), Some(record.to_bytes().unwrap()));
+
+    // A later phase added to the record (images, attestations): `publish record` replaces the
+    // release's copy, and the record keeps both places.
+    let mut grown = record.clone();
+    grown.images.insert(
+        "vllm-musa".into(),
+        ManifestImage {
+            reference: "127.0.0.1:5000/o/vllm-musa:0.1.0".into(),
+            digest: format!("sha256:{}", "d".repeat(64)),
+            base: format!("127.0.0.1:5000/o/base:1@sha256:{}", "b".repeat(64)),
+            recipe: "images/vllm-musa".into(),
+            wheel_sha256: "a".repeat(64),
+        },
+    );
+    publication::write(&dist, &grown).unwrap();
+    let s = run_line(&root, &workflow_line("record"), &env);
+    assert!(s.ok, "{}", s.out);
+    assert!(s.out.contains("replacing the earlier record"), "{}", s.out);
+    assert_eq!(attached(&gh), Some(grown.to_bytes().unwrap()));
+    assert_eq!(gh.release(TAG).unwrap().assets.len(), 5);
 
     // A re-run of every job: nothing uploaded, nothing changed.
     let before = asset_uploads(&gh);
@@ -220,6 +283,12 @@ fn the_workflow_publishes_in_order_and_a_rerun_changes_nothing() {
     // Other bytes under the same names (a non-reproducible rebuild): every step stops, the
     // GitHub step at the index preflight, before it asks GitHub anything.
     workspace(&root, "two");
+    let s = run_line(&root, &workflow_line("record"), &env);
+    assert!(
+        !s.ok && s.out.contains("it belongs to another build"),
+        "the record of the first build is not attached for the second: {}",
+        s.out
+    );
     let requests = gh.log().len();
     for line in [&draft, &check, &undraft] {
         let s = run_line(&root, line, &env);

@@ -29,8 +29,8 @@ use octocrab::Octocrab;
 
 use crate::checksums::{sha256_file, Manifest};
 use crate::env;
-use crate::ledger::{Place, Published};
 use crate::phase::fmt_duration;
+use crate::publication::{Place, PlacedFile, Published, PUBLICATION};
 use crate::retry::Policy;
 use crate::Workspace;
 
@@ -56,7 +56,7 @@ impl Target {
     }
 }
 
-fn token(ws: &Workspace) -> anyhow::Result<String> {
+pub fn token(ws: &Workspace) -> anyhow::Result<String> {
     env::var(env::GITHUB_TOKEN).ok_or_else(|| {
         format_err!(
             "{} is not set: publishing needs a token that may write releases of {} (a fine-grained \
@@ -114,6 +114,13 @@ pub fn undraft_files(
 ) -> anyhow::Result<Place> {
     let (rt, publisher) = Publisher::connect(target, Some(token))?;
     rt.block_on(publisher.undraft(tag, files))
+}
+
+/// Attaches the publication record to the release of `tag`, replacing an earlier one; returns
+/// whether it uploaded anything.
+pub fn put_record(target: &Target, token: &str, tag: &str, bytes: Vec<u8>) -> anyhow::Result<bool> {
+    let (rt, publisher) = Publisher::connect(target, Some(token))?;
+    rt.block_on(publisher.put_record(tag, bytes))
 }
 
 /// Downloads every uploaded asset of the release of `tag` from its public download URL, with a
@@ -193,6 +200,7 @@ impl<'a> Publisher<'a> {
             place: Place {
                 name: "GitHub Releases".to_owned(),
                 url: release.html_url.to_string(),
+                files: BTreeMap::new(),
             },
             uploaded,
             identical,
@@ -228,10 +236,79 @@ impl<'a> Publisher<'a> {
         } else {
             eprintln!("    release {tag} is already published");
         }
+        // The download URLs of a draft are not the public ones: read them once it is public.
+        let assets = self.assets(release.id.into_inner()).await?;
+        let mut placed = BTreeMap::new();
+        for file in files {
+            let name = asset_name(file.as_ref())?;
+            if let Some(a) = assets.iter().find(|a| a.name == name) {
+                let sha = a.digest.as_deref().and_then(|d| d.strip_prefix("sha256:"));
+                placed.insert(
+                    name.to_owned(),
+                    PlacedFile {
+                        url: a.browser_download_url.to_string(),
+                        sha256: sha.unwrap_or_default().to_owned(),
+                    },
+                );
+            }
+        }
         Ok(Place {
             name: "GitHub Releases".to_owned(),
             url: release.html_url.to_string(),
+            files: placed,
         })
+    }
+
+    /// `publication.json` onto the release: identical -> nothing; other bytes -> replaced (the
+    /// one asset that grows after the release is public); missing -> uploaded.
+    async fn put_record(&self, tag: &str, bytes: Vec<u8>) -> anyhow::Result<bool> {
+        let Some(release) = self.find_release(tag).await? else {
+            bail!(
+                "there is no release {tag} on GitHub ({}/{}) to attach {PUBLICATION} to: run                  `cargo xtask publish undraft <dist-dir>` first",
+                self.target.owner,
+                self.target.repo
+            );
+        };
+        let id = release.id.into_inner();
+        let sha = crate::checksums::sha256_bytes(&bytes);
+        let old = self
+            .assets(id)
+            .await?
+            .into_iter()
+            .find(|a| a.name == PUBLICATION);
+        if let Some(a) = &old {
+            if a.state == "uploaded"
+                && a.digest.as_deref().and_then(|d| d.strip_prefix("sha256:")) == Some(&sha)
+            {
+                eprintln!("    {PUBLICATION}: already on the release, identical");
+                return Ok(false);
+            }
+        }
+        if !release.draft && release.immutable == Some(true) {
+            bail!(
+                "release {tag} is published and immutable: its {PUBLICATION} cannot be                  replaced. The record stays in the release directory and RELEASES.md."
+            );
+        }
+        if let Some(a) = old {
+            let asset_id = a.id.into_inner();
+            let (o, r) = (&self.target.owner, &self.target.repo);
+            eprintln!("    {PUBLICATION}: replacing the earlier record");
+            self.retry("delete the earlier record", || async {
+                self.crab
+                    .repos(o, r)
+                    .release_assets()
+                    .delete(asset_id)
+                    .await
+            })
+            .await?;
+        }
+        let asset = self.upload(id, PUBLICATION, bytes.into()).await?;
+        match asset.digest.as_deref().and_then(|d| d.strip_prefix("sha256:")) {
+            Some(d) if d != sha => bail!(
+                "GitHub stored {PUBLICATION} with sha256 {d}, we sent {sha}: the upload was                  corrupted"
+            ),
+            _ => Ok(true),
+        }
     }
 
     async fn download(&self, tag: &str) -> anyhow::Result<BTreeMap<String, Vec<u8>>> {
@@ -309,7 +386,7 @@ impl<'a> Publisher<'a> {
         name: &str,
         path: &Path,
     ) -> anyhow::Result<AssetOutcome> {
-        let (sha, size) = sha256_file(path)?;
+        let (sha, _) = sha256_file(path)?;
         let assets = self.assets(release.id.into_inner()).await?;
         match assets.iter().find(|a| a.name == name) {
             Some(a) if a.state == "uploaded" => {
@@ -329,8 +406,10 @@ impl<'a> Publisher<'a> {
                  longer be added. Cut a .postN release."
             );
         }
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
         let asset = self
-            .upload(release.id.into_inner(), name, path, size)
+            .upload(release.id.into_inner(), name, bytes.into())
             .await?;
         match asset
             .digest
@@ -469,10 +548,9 @@ impl<'a> Publisher<'a> {
         &self,
         release_id: u64,
         name: &str,
-        path: &Path,
-        size: u64,
+        bytes: bytes::Bytes,
     ) -> anyhow::Result<Asset> {
-        let bytes = bytes::Bytes::from(std::fs::read(path)?);
+        let size = bytes.len();
         let (o, r) = (&self.target.owner, &self.target.repo);
         let what = format!("upload {name}");
         let attempt = |attempt: u32| {

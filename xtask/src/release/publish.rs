@@ -1,5 +1,7 @@
 //! The three publishing steps of a release directory, in their one order (see `xtask/README.md`,
-//! "The order of publishing"): [`github`] (draft, upload, verify) -> [`pypi`] -> [`undraft`].
+//! "The order of publishing"): [`github`] (draft, upload, verify) -> [`pypi`] -> [`undraft`]
+//! (which writes the publication record and attaches it); [`attach`] attaches the record again
+//! once a later phase (images, attestations) added to it.
 //! `cargo xtask release` runs them in a row; `cargo xtask publish <step>` runs one, as the
 //! release workflow's jobs do.
 
@@ -9,7 +11,7 @@ use anyhow::format_err;
 use xshell::Shell;
 
 use crate::checksums::{self, Manifest};
-use crate::ledger::{Place, Published};
+use crate::publication::{self, Publication, Published};
 use crate::release::{build, github, pypi};
 use crate::Workspace;
 
@@ -72,12 +74,43 @@ pub fn pypi(
 }
 
 /// Step 3: once the index holds the same wheel and sdist, and the release's assets are ours by
-/// digest, the GitHub release goes out of draft. Returns both places.
-pub fn undraft(ws: &Workspace, dist: &Path, manifest: &Manifest) -> anyhow::Result<[Place; 2]> {
+/// digest, the GitHub release goes out of draft. Then both places, with every file's URL and
+/// sha256 as the place reports it, go into `publication.json`, which is attached to the release.
+pub fn undraft(ws: &Workspace, dist: &Path, manifest: &Manifest) -> anyhow::Result<Publication> {
     let files = pypi::index_files(dist, manifest);
     let on_index = pypi::require_identical(&pypi::index(ws), &ws.config.distribution, &files)?;
+    // A record of another build in this directory stops us before the release goes public.
+    let mut record = Publication::load_or_new(dist, manifest)?;
     let on_github = github::undraft(ws, &manifest.announcement_tag, dist, manifest)?;
-    Ok([on_github, on_index])
+    record.check_place(dist, &on_index)?;
+    record.check_place(dist, &on_github)?;
+    record.github = Some(on_github);
+    record.index = Some(on_index);
+    publication::write(dist, &record)?;
+    eprintln!("    {}", attach(ws, &record)?);
+    Ok(record)
+}
+
+/// Attaches `record` to its GitHub release as `publication.json` (replacing an earlier one);
+/// returns the one-line outcome.
+pub fn attach(ws: &Workspace, record: &Publication) -> anyhow::Result<String> {
+    let target = github::Target::from_env(ws);
+    let uploaded = github::put_record(
+        &target,
+        &github::token(ws)?,
+        &record.tag,
+        record.to_bytes()?,
+    )?;
+    Ok(format!(
+        "{}: {} on release {}",
+        publication::PUBLICATION,
+        if uploaded {
+            "attached"
+        } else {
+            "already attached, identical"
+        },
+        record.tag
+    ))
 }
 
 /// The commit the release was built from, as the manifest records it.

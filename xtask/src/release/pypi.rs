@@ -21,7 +21,7 @@ use xshell::{cmd, Shell};
 
 use crate::checksums::{sha256_file, Manifest};
 use crate::env;
-use crate::ledger::{Place, Published};
+use crate::publication::{Place, PlacedFile, Published};
 use crate::release::file_name;
 use crate::retry::Policy;
 use crate::version::normalize_name;
@@ -287,9 +287,25 @@ pub fn require_identical(index: &Index, project: &str, files: &[PathBuf]) -> any
         c.project_url,
         c.identical.join(", ")
     );
+    // `compare` refused any file without our sha256, so every identical one has it.
+    let files = c
+        .identical
+        .iter()
+        .filter_map(|name| {
+            let f = c.existing.get(name)?;
+            Some((
+                name.clone(),
+                PlacedFile {
+                    url: f.url.clone(),
+                    sha256: f.sha256.clone()?,
+                },
+            ))
+        })
+        .collect();
     Ok(Place {
         name: "PyPI".to_owned(),
         url: c.project_url,
+        files,
     })
 }
 
@@ -330,6 +346,7 @@ pub fn publish_files(
         place: Place {
             name: "PyPI".to_owned(),
             url: after.project_url,
+            files: BTreeMap::new(),
         },
         uploaded,
         identical: before.identical,

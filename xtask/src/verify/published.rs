@@ -1,18 +1,22 @@
 //! `cargo xtask verify <tag> --published`: download what was published for a tag from the
 //! GitHub Release and from the package index, and say for every file and place whether it is
-//! identical to what the tag's entry in `RELEASES.md` records, different, or missing.
+//! identical to what the tag's publication record (`publication.json`) says that place serves,
+//! different, or missing.
 //!
-//! The reference is the ledger (`RELEASES.md` of this checkout) for the wheel and the sdist,
-//! and the `sha256.sum` published on the release (itself checked against the ledger) for the
-//! manifest. Nothing is trusted because it came from one place: each place is compared with
-//! the ledger on its own.
+//! The reference is the record in `target/dist/<tag>/` where there is one (the maintainer's
+//! copy, or one downloaded from the release workflow's artifacts), and then the record the
+//! release serves must be identical to it; else the record the release serves, which must then
+//! agree with the `sha256.sum` served next to it (both attested by the release workflow:
+//! `gh attestation verify sha256.sum --repo <owner>/<repo>`). Each place is compared with the
+//! reference on its own: nothing is trusted because it came from one place.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use anyhow::{bail, Context};
 
-use crate::checksums::{parse_sums, sha256_bytes, MANIFEST, SUMS};
-use crate::ledger::{self, LEDGER};
+use crate::checksums::{parse_sums, sha256_bytes, SUMS};
+use crate::publication::{self, Place, Publication, PUBLICATION};
 use crate::release::{github, pypi};
 use crate::{env, Workspace};
 
@@ -45,79 +49,134 @@ pub struct Check {
 
 /// Downloads and compares; the checks come in the order GitHub, then the index.
 pub fn published(ws: &Workspace, tag: &str) -> anyhow::Result<Vec<Check>> {
-    let path = ws.root.join(LEDGER);
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let recorded = ledger::artifacts_in(&text, tag);
-    if recorded.is_empty() {
-        bail!(
-            "{} has no artifacts recorded for {tag}: check out a commit whose ledger has the \
-             release (`git checkout origin/main -- {LEDGER}`), then run this again",
-            path.display()
-        );
-    }
-    let mut checks = Vec::new();
-
     let token = env::var(env::GITHUB_TOKEN);
     let target = github::Target::from_env(ws);
     let assets = github::download_assets(&target, token.as_deref(), tag)?;
-    let sums = match assets.get(SUMS) {
-        Some(bytes) => Some(parse_sums(&String::from_utf8_lossy(bytes))?),
-        None => None,
+    let dist = ws.dist_dir(tag);
+    let local = publication::read(&dist)?;
+    let mut checks = Vec::new();
+    let record = match (local, assets.get(PUBLICATION)) {
+        (Some(local), served) => {
+            eprintln!("    reference: {}", dist.join(PUBLICATION).display());
+            let want = sha256_bytes(&local.to_bytes()?);
+            checks.push(check("GitHub", PUBLICATION, &want, served));
+            local
+        }
+        (None, Some(served)) => {
+            eprintln!(
+                "    reference: {PUBLICATION} of the GitHub release ({}/{}), checked against \
+                 its {SUMS}",
+                target.owner, target.repo
+            );
+            let record = Publication::parse(served)
+                .with_context(|| format!("the {PUBLICATION} of release {tag}"))?;
+            agrees_with_sums(&record, assets.get(SUMS))?;
+            record
+        }
+        (None, None) => bail!(
+            "there is no publication record of {tag}: neither {} nor a {PUBLICATION} on the \
+             GitHub release ({}/{}). Download the release workflow's `release-publication` \
+             artifact into {}, or check the files by hand against the release's {SUMS}.",
+            dist.join(PUBLICATION).display(),
+            target.owner,
+            target.repo,
+            dist.display()
+        ),
     };
-    for (name, want) in &recorded {
-        checks.push(check("GitHub", name, Some(want), assets.get(name)));
+    if record.tag != tag {
+        bail!("the publication record is of {}, not {tag}", record.tag);
     }
-    // sha256.sum: identical when it records the ledger's sums for the ledger's files.
-    let sums_verdict = match (&sums, assets.get(SUMS)) {
-        (Some(lines), Some(bytes)) => {
-            let agrees = recorded
-                .iter()
-                .all(|(n, sha)| lines.iter().any(|l| &l.name == n && &l.sha256 == sha));
-            if agrees {
-                Verdict::Identical
-            } else {
-                Verdict::Different(sha256_bytes(bytes))
+
+    match &record.github {
+        Some(place) => {
+            for (name, f) in &place.files {
+                checks.push(check("GitHub", name, &f.sha256, assets.get(name)));
             }
         }
-        _ => Verdict::Missing,
-    };
-    checks.push(Check {
-        place: "GitHub",
-        name: SUMS.to_owned(),
-        verdict: sums_verdict,
-    });
-    let manifest_sha = sums
-        .iter()
-        .flatten()
-        .find(|l| l.name == MANIFEST)
-        .map(|l| l.sha256.clone());
-    checks.push(check(
-        "GitHub",
-        MANIFEST,
-        manifest_sha.as_ref(),
-        assets.get(MANIFEST),
-    ));
-
-    // The index holds the wheel and the sdist; the other assets are GitHub's alone.
-    let names: Vec<String> = recorded
-        .keys()
-        .filter(|n| pypi::goes_to_index(n))
-        .cloned()
-        .collect();
-    let on_index = pypi::download(&pypi::index(ws), &ws.config.distribution, &names)?;
-    for (name, want) in recorded.iter().filter(|(n, _)| pypi::goes_to_index(n)) {
-        checks.push(check("index", name, Some(want), on_index.get(name)));
+        None => checks.push(unrecorded("GitHub")),
+    }
+    match &record.index {
+        Some(place) => {
+            let names: Vec<String> = place.files.keys().cloned().collect();
+            let on_index = pypi::download(&pypi::index(ws), &ws.config.distribution, &names)?;
+            for (name, f) in &place.files {
+                checks.push(check("index", name, &f.sha256, on_index.get(name)));
+            }
+        }
+        None => checks.push(unrecorded("index")),
     }
     Ok(checks)
 }
 
-fn check(place: &'static str, name: &str, want: Option<&String>, got: Option<&Vec<u8>>) -> Check {
+/// A place the record does not name: the release never got there.
+fn unrecorded(place: &'static str) -> Check {
+    Check {
+        place,
+        name: "(no files recorded: not published there)".to_owned(),
+        verdict: Verdict::Missing,
+    }
+}
+
+/// A record taken from the release itself must name the `sha256.sum` served beside it and, for
+/// every file, the sha256 that file has there.
+fn agrees_with_sums(record: &Publication, sums: Option<&Vec<u8>>) -> anyhow::Result<()> {
+    let Some(sums) = sums else {
+        bail!("the release serves {PUBLICATION} but no {SUMS}: it cannot be checked");
+    };
+    let served = sha256_bytes(sums);
+    if served != record.sums_sha256 {
+        bail!(
+            "the release's {PUBLICATION} names a {SUMS} with sha256 {}, the release serves \
+             {served}: one of them was replaced; do not install from this release",
+            record.sums_sha256
+        );
+    }
+    let lines = parse_sums(&String::from_utf8_lossy(sums))?;
+    let listed: BTreeMap<&str, &str> = lines
+        .iter()
+        .map(|l| (l.name.as_str(), l.sha256.as_str()))
+        .collect();
+    let places = [&record.github, &record.index];
+    for place in places.into_iter().flatten() {
+        for (name, f) in disagreeing(place, &listed, &record.sums_sha256) {
+            bail!(
+                "the release's {PUBLICATION} records {name} at {} with sha256 {}, its {SUMS} \
+                 says otherwise: do not install from this release",
+                place.name,
+                f
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The files of `place` whose sha256 is not the one `sha256.sum` lists.
+fn disagreeing<'a>(
+    place: &'a Place,
+    listed: &BTreeMap<&str, &str>,
+    sums_sha256: &str,
+) -> Vec<(&'a str, &'a str)> {
+    place
+        .files
+        .iter()
+        .filter(|(name, f)| {
+            let want = if name.as_str() == SUMS {
+                Some(sums_sha256)
+            } else {
+                listed.get(name.as_str()).copied()
+            };
+            want != Some(f.sha256.as_str())
+        })
+        .map(|(name, f)| (name.as_str(), f.sha256.as_str()))
+        .collect()
+}
+
+fn check(place: &'static str, name: &str, want: &str, got: Option<&Vec<u8>>) -> Check {
     let verdict = match got {
         None => Verdict::Missing,
         Some(bytes) => {
             let sha = sha256_bytes(bytes);
-            if want == Some(&sha) {
+            if sha == want {
                 Verdict::Identical
             } else {
                 Verdict::Different(sha)
@@ -142,13 +201,13 @@ pub fn report(tag: &str, checks: &[Check]) -> anyhow::Result<()> {
         .count();
     if bad > 0 {
         bail!(
-            "{bad} of {} published files of {tag} are not what RELEASES.md records: do not \
-             install them; report the release (the files differ or are missing where marked)",
+            "{bad} of {} published files of {tag} are not what its publication record says: do \
+             not install them; report the release (the files differ or are missing where marked)",
             checks.len()
         );
     }
     eprintln!(
-        "{tag}: all {} published files are identical to RELEASES.md",
+        "{tag}: all {} published files are identical to its publication record",
         checks.len()
     );
     Ok(())
