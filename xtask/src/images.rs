@@ -593,6 +593,97 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_images_rerun_keeps_the_places_publishing_recorded() {
+        use crate::checksums::tests::{standin_manifest, temp_dir};
+        use crate::publication::{Place, PlacedFile};
+        let root = temp_dir("images-record");
+        let dist = root.join("target/dist/v0.1.0");
+        fs::create_dir_all(&dist).unwrap();
+        let manifest = standin_manifest(&dist);
+        checksums::write(&dist, &manifest).unwrap();
+        let ws = Workspace {
+            root: root.clone(),
+            config: crate::ReleaseConfig::parse(include_str!("../../release.toml")).unwrap(),
+        };
+        let source = Source {
+            tag: "v0.1.0".into(),
+            version: "0.1.0".into(),
+            commit: "c".repeat(40),
+            commit_time: 1_700_000_000,
+        };
+        // What `publish undraft` left: both places.
+        let mut published = Publication::new(&dist, &manifest).unwrap();
+        let wheel = "standin-0.1.0-py3-none-any.whl";
+        let file = PlacedFile {
+            url: "https://i/w".into(),
+            sha256: manifest.artifacts[wheel].sha256().unwrap().into(),
+        };
+        published.github = Some(Place {
+            name: "GitHub Releases".into(),
+            url: "https://g/o/r/releases/tag/v0.1.0".into(),
+            files: BTreeMap::from([(wheel.to_owned(), file.clone())]),
+        });
+        published.index = Some(Place {
+            name: "PyPI".into(),
+            url: "https://i/p/".into(),
+            files: BTreeMap::from([(wheel.to_owned(), file)]),
+        });
+        publication::write(&dist, &published).unwrap();
+        let image = |d: char| ManifestImage {
+            reference: "127.0.0.1:5000/o/vllm-musa:0.1.0".into(),
+            digest: format!("sha256:{}", d.to_string().repeat(64)),
+            base: format!("127.0.0.1:5000/o/base:1@sha256:{}", "b".repeat(64)),
+            recipe: "images/vllm-musa".into(),
+            wheel_sha256: "a".repeat(64),
+        };
+        let sums_before = fs::read(dist.join(checksums::SUMS)).unwrap();
+
+        let (first, outcome) = record(
+            &ws,
+            &source,
+            &dist,
+            &manifest,
+            BTreeMap::from([("vllm-musa".to_owned(), image('d'))]),
+        )
+        .unwrap();
+        assert!(outcome.contains("RELEASES.md updated"), "{outcome}");
+        assert_eq!(first.github, published.github);
+        assert_eq!(first.index, published.index);
+        let ledger = fs::read_to_string(root.join("RELEASES.md")).unwrap();
+        for line in [
+            "- Published: GitHub Releases <https://g/o/r/releases/tag/v0.1.0>",
+            "- Published: PyPI <https://i/p/>",
+            "| `127.0.0.1:5000/o/vllm-musa:0.1.0` | `sha256:dddd",
+        ] {
+            assert!(ledger.contains(line), "{line} in {ledger}");
+        }
+
+        // The re-run (same digest): nothing changes; the manifest and its sums never do.
+        let (again, outcome) = record(
+            &ws,
+            &source,
+            &dist,
+            &manifest,
+            BTreeMap::from([("vllm-musa".to_owned(), image('d'))]),
+        )
+        .unwrap();
+        assert_eq!(again, first);
+        assert!(
+            outcome.contains("(unchanged); RELEASES.md already has this entry"),
+            "{outcome}"
+        );
+        // A `release --skip-images` after it: the images stay recorded.
+        let (skipped, _) = record(&ws, &source, &dist, &manifest, BTreeMap::new()).unwrap();
+        assert_eq!(skipped, first);
+        assert_eq!(
+            fs::read_to_string(root.join("RELEASES.md")).unwrap(),
+            ledger
+        );
+        assert_eq!(fs::read(dist.join(checksums::SUMS)).unwrap(), sums_before);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
     fn wrong_or_missing_labels_are_named() {
         let labels = BTreeMap::from([
             (LABEL_VERSION.to_owned(), "0.3.13".to_owned()),

@@ -7,7 +7,7 @@
 //! `release <tag>`; their wheel, sdist, debug info, SBOM, manifest and sums must be
 //! byte-identical, and the wheel ships its extension stripped (under 2 MB). The second
 //! publishes to the GitHub Releases stand-in and devpi-server, then publishes again (a re-run
-//! that finds everything identical), and writes the ledger.
+//! that finds everything identical), and writes the publication record and the ledger.
 //!
 //! Source: `$XTASK_REPRO_SOURCE` (a git repository, default this workspace) at HEAD; tag
 //! `$XTASK_REPRO_TAG` (default `v<workspace version>`), made in the clones if missing.
@@ -26,10 +26,12 @@ use support::devpi::start_devpi;
 use support::github_standin::{GitHubStandin, TagTarget};
 use support::{git_in as git, xtask_in};
 
+/// The release's files, without the publication record (only a published release has one).
 fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| !p.ends_with(xtask::publication::PUBLICATION))
         .map(|p| {
             (
                 p.file_name().unwrap().to_string_lossy().into_owned(),
@@ -148,7 +150,18 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
 
     let release = gh.release(&tag).unwrap();
     assert!(!release.draft);
-    assert_eq!(release.assets.len(), 6);
+    // The six files, and the publication record the publishing wrote last.
+    assert_eq!(release.assets.len(), 7);
+    let record = std::fs::read(b.join("target/dist").join(&tag).join("publication.json")).unwrap();
+    assert_eq!(
+        release
+            .assets
+            .iter()
+            .find(|x| x.name == "publication.json")
+            .unwrap()
+            .bytes,
+        record
+    );
     for (name, bytes) in &fb {
         assert_eq!(
             &release
@@ -185,6 +198,9 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
         "PyPI"
     );
     assert!(again.stderr.contains("RELEASES.md already has this entry"));
+    assert!(again
+        .stderr
+        .contains("publication.json: already attached, identical"));
     assert_eq!(
         gh.log()
             .iter()
