@@ -31,7 +31,8 @@
 #      the loopback registry: a base without a digest is refused before anything is built (by
 #      `images` and by `release`); pin-base resolves the tags and writes the digests (one line
 #      each, the builder image's too); a real `release <tag> --dry-run` makes the release directory; `images <tag>`
-#      builds, pushes and records both digests (manifest, sha256.sum, RELEASES.md), checked
+#      builds, pushes and records both digests (publication.json, RELEASES.md; the manifest and
+#      sha256.sum unchanged), checked
 #      with skopeo; a second run, with buildah instead of podman, finds the same digests and
 #      pushes nothing; another image under the tag stops the run until --force replaces it.
 #    The registry is stopped and every image and container made here is removed on exit.
@@ -416,6 +417,7 @@ PY
         >"$RUN_DIR/xtask-release.log" 2>&1 || die "release --dry-run failed:\n$(tail -40 "$RUN_DIR/xtask-release.log")"
     local dist="$XCLONE/target/dist/$tag"
     WHEEL_SHA256_X="$(jq -r '.artifacts[] | select(.kind == "python-wheel") | .checksums.sha256' "$dist/dist-manifest.json")"
+    local frozen; frozen="$(sha256sum "$dist/dist-manifest.json" "$dist/sha256.sum")"
 
     step "xtask images $tag: build, push, record"
     (export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELS_CACHE"; xt images "$tag" --builder podman) >"$out" 2>&1 \
@@ -424,9 +426,9 @@ PY
     local r d
     for r in "${RECIPES[@]}"; do
         grep -q "images: $r: $REG/release/$r@sha256:[0-9a-f]*: pushed$" "$out" || die "$r: not reported as pushed"
-        d="$(jq -r --arg r "$r" '.images[$r].digest' "$dist/dist-manifest.json")"
-        [ "$d" = "$(registry_digest "$REG/release/$r:$VERSION")" ] || die "$r: manifest says $d, the registry $(registry_digest "$REG/release/$r:$VERSION")"
-        [ "$(jq -r --arg r "$r" '.images[$r].base' "$dist/dist-manifest.json")" = "$pinned" ] || die "$r: base not recorded"
+        d="$(jq -r --arg r "$r" '.images[$r].digest' "$dist/publication.json")"
+        [ "$d" = "$(registry_digest "$REG/release/$r:$VERSION")" ] || die "$r: publication.json says $d, the registry $(registry_digest "$REG/release/$r:$VERSION")"
+        [ "$(jq -r --arg r "$r" '.images[$r].base' "$dist/publication.json")" = "$pinned" ] || die "$r: base not recorded"
         skopeo inspect --tls-verify=false "docker://$REG/release/$r@$d" | jq -e --arg w "$WHEEL_SHA256_X" --arg b "$BASE_DIGEST" \
             '.Labels["io.github.mooncake-musa.wheel.sha256"] == $w and .Labels["org.opencontainers.image.base.digest"] == $b' >/dev/null \
             || die "$r: labels of the pushed image are wrong"
@@ -434,7 +436,9 @@ PY
         XDIGEST[$r]="$d"
     done
     xt verify "$tag" >/dev/null 2>&1 || die "the release directory no longer verifies after recording the images"
-    log "xtask images: both pushed and recorded (manifest, sha256.sum, RELEASES.md)"
+    [ "$(sha256sum "$dist/dist-manifest.json" "$dist/sha256.sum")" = "$frozen" ] \
+        || die "recording the images changed the manifest or sha256.sum (frozen at the checksums phase)"
+    log "xtask images: both pushed and recorded (publication.json, RELEASES.md)"
     for r in "${RECIPES[@]}"; do expect_base_layers "$r" "${XDIGEST[$r]}"; done
 
     step "xtask images $tag again, with buildah: same digests, nothing pushed"
@@ -477,7 +481,7 @@ PY
     [ -n "$uploaded" ] || die "no blob upload in the registry's log for the next commit:\n$(tail -n +"$((seen + 1))" "$RUN_DIR/registry.log" | head -20)"
     local own="" bytes=0 base_bytes d m
     for r in "${RECIPES[@]}"; do
-        d="$(jq -r --arg r "$r" '.images[$r].digest' "$dist/dist-manifest.json")"
+        d="$(jq -r --arg r "$r" '.images[$r].digest' "$dist/publication.json")"
         [ "$d" != "${XDIGEST[$r]}" ] || die "$r: the next commit built the same image ${XDIGEST[$r]}"
         expect_base_layers "$r" "$d"
         m="$(skopeo inspect --tls-verify=false --raw "docker://$REG/release/$r@$d")"

@@ -138,7 +138,7 @@ fn agrees_with_sums(record: &Publication, sums: Option<&Vec<u8>>) -> anyhow::Res
         .collect();
     let places = [&record.github, &record.index];
     for place in places.into_iter().flatten() {
-        for (name, f) in disagreeing(place, &listed, &record.sums_sha256) {
+        if let Some((name, f)) = disagreeing(place, &listed, &record.sums_sha256).first() {
             bail!(
                 "the release's {PUBLICATION} records {name} at {} with sha256 {}, its {SUMS} \
                  says otherwise: do not install from this release",
