@@ -238,24 +238,11 @@ pub fn manifest(
         size: None,
         checksums: BTreeMap::new(),
     };
-    let (owner, repo) = ws.config.github_owner_repo();
     let tag = ReleaseTag::parse(&source.tag)?;
     let artifacts: BTreeMap<String, ManifestArtifact> = [wheel, sdist, debug, sbom, sums]
         .into_iter()
         .map(|a| (a.name.clone(), a))
         .collect();
-    // Where the images go, by name: what the images phase pushes (publication.json records
-    // the digests).
-    let images = ws
-        .config
-        .images
-        .images
-        .iter()
-        .map(|r| {
-            let target = ws.config.images.target(r, &source.version)?;
-            Ok((r.name.clone(), target.to_string()))
-        })
-        .collect::<anyhow::Result<BTreeMap<String, String>>>()?;
     let upload_files = vec![
         file_name(&built.wheel),
         file_name(&built.sdist),
@@ -278,21 +265,7 @@ pub fn manifest(
             app_name: ws.config.distribution.clone(),
             app_version: source.version.clone(),
             artifacts: artifacts.keys().cloned().collect(),
-            hosting: serde_json::json!({
-                "github": {
-                    "artifact_base_url": "https://github.com",
-                    "artifact_download_path": format!("/{owner}/{repo}/releases/download/{}", source.tag),
-                    "owner": owner,
-                    "repo": repo,
-                },
-                "pypi": {
-                    "repository_url": ws.config.pypi.repository_url,
-                    "index_url": ws.config.pypi.index_url,
-                    "project": ws.config.distribution,
-                    "version": source.version,
-                },
-                "images": images,
-            }),
+            hosting: hosting(ws, source)?,
         }],
         artifacts,
         upload_files,
@@ -301,6 +274,38 @@ pub fn manifest(
         build: serde_json::to_value(&built.settings)?,
         audit: serde_json::to_value(audited)?,
     })
+}
+
+/// Every place release.toml sends the release to (cargo-dist's `hosting`, with `pypi` and
+/// `images` added): known before anything is published, so the manifest can hold it.
+/// `publication.json` records what publishing found there.
+fn hosting(ws: &Workspace, source: &Source) -> anyhow::Result<serde_json::Value> {
+    let (owner, repo) = ws.config.github_owner_repo();
+    let images = ws
+        .config
+        .images
+        .images
+        .iter()
+        .map(|r| {
+            let target = ws.config.images.target(r, &source.version)?;
+            Ok((r.name.clone(), target.to_string()))
+        })
+        .collect::<anyhow::Result<BTreeMap<String, String>>>()?;
+    Ok(serde_json::json!({
+        "github": {
+            "artifact_base_url": "https://github.com",
+            "artifact_download_path": format!("/{owner}/{repo}/releases/download/{}", source.tag),
+            "owner": owner,
+            "repo": repo,
+        },
+        "pypi": {
+            "repository_url": ws.config.pypi.repository_url,
+            "index_url": ws.config.pypi.index_url,
+            "project": ws.config.distribution,
+            "version": source.version,
+        },
+        "images": images,
+    }))
 }
 
 /// A path's file name, for messages and asset names.
