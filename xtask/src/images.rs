@@ -601,16 +601,8 @@ mod tests {
         fs::create_dir_all(&dist).unwrap();
         let manifest = standin_manifest(&dist);
         checksums::write(&dist, &manifest).unwrap();
-        let ws = Workspace {
-            root: root.clone(),
-            config: crate::ReleaseConfig::parse(include_str!("../../release.toml")).unwrap(),
-        };
-        let source = Source {
-            tag: "v0.1.0".into(),
-            version: "0.1.0".into(),
-            commit: "c".repeat(40),
-            commit_time: 1_700_000_000,
-        };
+        let ws = crate::ledger::tests::workspace(&root);
+        let source = crate::ledger::tests::source();
         // What `publish undraft` left: both places.
         let mut published = Publication::new(&dist, &manifest).unwrap();
         let wheel = "standin-0.1.0-py3-none-any.whl";
@@ -629,23 +621,14 @@ mod tests {
             files: BTreeMap::from([(wheel.to_owned(), file)]),
         });
         publication::write(&dist, &published).unwrap();
-        let image = |d: char| ManifestImage {
-            reference: "127.0.0.1:5000/o/vllm-musa:0.1.0".into(),
-            digest: format!("sha256:{}", d.to_string().repeat(64)),
-            base: format!("127.0.0.1:5000/o/base:1@sha256:{}", "b".repeat(64)),
-            recipe: "images/vllm-musa".into(),
-            wheel_sha256: "a".repeat(64),
-        };
         let sums_before = fs::read(dist.join(checksums::SUMS)).unwrap();
+        let vllm = || {
+            let image = crate::ledger::tests::image("127.0.0.1:5000/o", 'd');
+            BTreeMap::from([("vllm-musa".to_owned(), image)])
+        };
+        let run = |images| record(&ws, &source, &dist, &manifest, images).unwrap();
 
-        let (first, outcome) = record(
-            &ws,
-            &source,
-            &dist,
-            &manifest,
-            BTreeMap::from([("vllm-musa".to_owned(), image('d'))]),
-        )
-        .unwrap();
+        let (first, outcome) = run(vllm());
         assert!(outcome.contains("RELEASES.md updated"), "{outcome}");
         assert_eq!(first.github, published.github);
         assert_eq!(first.index, published.index);
@@ -659,21 +642,14 @@ mod tests {
         }
 
         // The re-run (same digest): nothing changes; the manifest and its sums never do.
-        let (again, outcome) = record(
-            &ws,
-            &source,
-            &dist,
-            &manifest,
-            BTreeMap::from([("vllm-musa".to_owned(), image('d'))]),
-        )
-        .unwrap();
+        let (again, outcome) = run(vllm());
         assert_eq!(again, first);
         assert!(
             outcome.contains("(unchanged); RELEASES.md already has this entry"),
             "{outcome}"
         );
         // A `release --skip-images` after it: the images stay recorded.
-        let (skipped, _) = record(&ws, &source, &dist, &manifest, BTreeMap::new()).unwrap();
+        let (skipped, _) = run(BTreeMap::new());
         assert_eq!(skipped, first);
         assert_eq!(
             fs::read_to_string(root.join("RELEASES.md")).unwrap(),

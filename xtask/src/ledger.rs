@@ -150,8 +150,37 @@ pub fn utc_date(epoch: i64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::checksums::ManifestImage;
+
+    /// The repository's release.toml at `root`.
+    pub(crate) fn workspace(root: &std::path::Path) -> Workspace {
+        Workspace {
+            root: root.to_path_buf(),
+            config: crate::ReleaseConfig::parse(include_str!("../../release.toml")).unwrap(),
+        }
+    }
+
+    pub(crate) fn source() -> Source {
+        Source {
+            tag: "v0.1.0".into(),
+            version: "0.1.0".into(),
+            commit: "c".repeat(40),
+            commit_time: 1_700_000_000,
+        }
+    }
+
+    /// The vllm-musa image of `registry` with the digest `d` repeated.
+    pub(crate) fn image(registry: &str, d: char) -> ManifestImage {
+        ManifestImage {
+            reference: format!("{registry}/vllm-musa:0.1.0"),
+            digest: format!("sha256:{}", d.to_string().repeat(64)),
+            base: format!("{registry}/base:1@sha256:{}", "b".repeat(64)),
+            recipe: "images/vllm-musa".into(),
+            wheel_sha256: "a".repeat(64),
+        }
+    }
 
     #[test]
     fn dates() {
@@ -162,18 +191,9 @@ mod tests {
 
     #[test]
     fn an_entry_is_rendered_from_the_manifest_and_the_publication_record() {
-        use crate::checksums::ManifestImage;
         use crate::publication::Place;
-        let ws = Workspace {
-            root: std::path::PathBuf::from("/nonexistent"),
-            config: crate::ReleaseConfig::parse(include_str!("../../release.toml")).unwrap(),
-        };
-        let source = Source {
-            tag: "v0.1.0".into(),
-            version: "0.1.0".into(),
-            commit: "c".repeat(40),
-            commit_time: 1_700_000_000,
-        };
+        let ws = workspace(std::path::Path::new("/nonexistent"));
+        let source = source();
         let manifest: Manifest = serde_json::from_value(serde_json::json!({
             "dist_version": "xtask 0.1.0", "announcement_tag": "v0.1.0",
             "announcement_is_prerelease": false, "source": {}, "releases": [],
@@ -200,16 +220,9 @@ mod tests {
         assert!(first.contains("- Published: PyPI <https://p/1>"), "{first}");
         assert!(!first.contains("| image |"));
         // What `cargo xtask images` does: the same record, now with the images.
-        record.images.insert(
-            "vllm-musa".into(),
-            ManifestImage {
-                reference: "ghcr.io/o/vllm-musa:0.1.0".into(),
-                digest: format!("sha256:{}", "d".repeat(64)),
-                base: format!("r.example/vllm:1@sha256:{}", "b".repeat(64)),
-                recipe: "images/vllm-musa".into(),
-                wheel_sha256: "a".repeat(64),
-            },
-        );
+        record
+            .images
+            .insert("vllm-musa".into(), image("ghcr.io/o", 'd'));
         let second = upsert(
             &first,
             "v0.1.0",
@@ -220,7 +233,7 @@ mod tests {
             "{second}"
         );
         assert!(second.contains(&format!(
-            "| `ghcr.io/o/vllm-musa:0.1.0` | `sha256:{}` | `r.example/vllm:1@sha256:{}` |",
+            "| `ghcr.io/o/vllm-musa:0.1.0` | `sha256:{}` | `ghcr.io/o/base:1@sha256:{}` |",
             "d".repeat(64),
             "b".repeat(64)
         )));
