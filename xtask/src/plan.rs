@@ -66,7 +66,7 @@ impl flags::Plan {
             "phases": [
                 {"name": "verify source", "does": "tag exists, is HEAD, clean tree, versions equal the tag's"},
                 {"name": "verify baseline", "does": "compare the host with release.toml [baseline]"},
-                {"name": "build", "does": format!("maturin sdist + build --release --locked --compatibility {}; the extension stripped, its debug info to {debug}; the SBOM", config.baseline.manylinux()?.0)},
+                {"name": "build", "does": format!("maturin sdist + build --profile wheel --locked --compatibility {}; the extension stripped, its debug info to {debug}; the SBOM", config.baseline.manylinux()?.0)},
                 {"name": "audit", "does": "platform tag, auditwheel, no vendor runtime bundled or linked, smoke test in a clean venv"},
                 {"name": "checksums", "does": format!("{SUMS} and {MANIFEST}")},
                 {"name": "GitHub draft", "dry_run": "skipped", "target": format!("https://github.com/{owner}/{repo}/releases/tag/{}", tag.name),
@@ -74,10 +74,11 @@ impl flags::Plan {
                 {"name": "publish PyPI", "dry_run": "skipped", "target": config.pypi.repository_url,
                  "checks": format!("{index}/{}/", normalize_name(&config.distribution))},
                 {"name": "GitHub undraft", "dry_run": "skipped",
-                 "does": "once the index holds the same wheel and sdist, the release out of draft"},
+                 "does": "once the index holds the same wheel and sdist, the release out of draft; both places into publication.json, attached to the release"},
                 {"name": "images", "dry_run": "skipped", "images": images,
-                 "does": "build, check labels, push by digest unless the tag holds it, record digests"},
-                {"name": "ledger", "dry_run": "skipped", "target": "RELEASES.md"},
+                 "does": "build, check labels, push by digest unless the tag holds it, record digests in publication.json"},
+                {"name": "ledger", "dry_run": "skipped", "target": "RELEASES.md",
+                 "does": "render the entry from the manifest and publication.json; attach publication.json again"},
             ],
         });
         println!("{}", serde_json::to_string_pretty(&plan)?);
