@@ -116,9 +116,22 @@ pub fn undraft_files(
     rt.block_on(publisher.undraft(tag, files))
 }
 
-/// Attaches the publication record to the release of `tag`, replacing an earlier one; returns
-/// whether it uploaded anything.
-pub fn put_record(target: &Target, token: &str, tag: &str, bytes: Vec<u8>) -> anyhow::Result<bool> {
+/// What became of the publication record on the release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOutcome {
+    Attached,
+    Identical,
+    /// The release is published and immutable: GitHub takes no asset any more.
+    Immutable,
+}
+
+/// Attaches the publication record to the release of `tag`, replacing an earlier one.
+pub fn put_record(
+    target: &Target,
+    token: &str,
+    tag: &str,
+    bytes: Vec<u8>,
+) -> anyhow::Result<RecordOutcome> {
     let (rt, publisher) = Publisher::connect(target, Some(token))?;
     rt.block_on(publisher.put_record(tag, bytes))
 }
@@ -261,10 +274,11 @@ impl<'a> Publisher<'a> {
 
     /// `publication.json` onto the release: identical -> nothing; other bytes -> replaced (the
     /// one asset that grows after the release is public); missing -> uploaded.
-    async fn put_record(&self, tag: &str, bytes: Vec<u8>) -> anyhow::Result<bool> {
+    async fn put_record(&self, tag: &str, bytes: Vec<u8>) -> anyhow::Result<RecordOutcome> {
         let Some(release) = self.find_release(tag).await? else {
             bail!(
-                "there is no release {tag} on GitHub ({}/{}) to attach {PUBLICATION} to: run                  `cargo xtask publish undraft <dist-dir>` first",
+                "there is no release {tag} on GitHub ({}/{}) to attach {PUBLICATION} to: run \
+                 `cargo xtask publish undraft <dist-dir>` first",
                 self.target.owner,
                 self.target.repo
             );
@@ -281,13 +295,11 @@ impl<'a> Publisher<'a> {
                 && a.digest.as_deref().and_then(|d| d.strip_prefix("sha256:")) == Some(&sha)
             {
                 eprintln!("    {PUBLICATION}: already on the release, identical");
-                return Ok(false);
+                return Ok(RecordOutcome::Identical);
             }
         }
         if !release.draft && release.immutable == Some(true) {
-            bail!(
-                "release {tag} is published and immutable: its {PUBLICATION} cannot be                  replaced. The record stays in the release directory and RELEASES.md."
-            );
+            return Ok(RecordOutcome::Immutable);
         }
         if let Some(a) = old {
             let asset_id = a.id.into_inner();
@@ -303,11 +315,16 @@ impl<'a> Publisher<'a> {
             .await?;
         }
         let asset = self.upload(id, PUBLICATION, bytes.into()).await?;
-        match asset.digest.as_deref().and_then(|d| d.strip_prefix("sha256:")) {
+        match asset
+            .digest
+            .as_deref()
+            .and_then(|d| d.strip_prefix("sha256:"))
+        {
             Some(d) if d != sha => bail!(
-                "GitHub stored {PUBLICATION} with sha256 {d}, we sent {sha}: the upload was                  corrupted"
+                "GitHub stored {PUBLICATION} with sha256 {d}, we sent {sha}: the upload was \
+                 corrupted"
             ),
-            _ => Ok(true),
+            _ => Ok(RecordOutcome::Attached),
         }
     }
 

@@ -12,6 +12,7 @@ use xshell::Shell;
 
 use crate::checksums::{self, Manifest};
 use crate::publication::{self, Publication, Published};
+use crate::release::github::RecordOutcome;
 use crate::release::{build, github, pypi};
 use crate::Workspace;
 
@@ -92,25 +93,31 @@ pub fn undraft(ws: &Workspace, dist: &Path, manifest: &Manifest) -> anyhow::Resu
 }
 
 /// Attaches `record` to its GitHub release as `publication.json` (replacing an earlier one);
-/// returns the one-line outcome.
+/// returns the one-line outcome. An immutable published release takes no asset: that is said,
+/// loudly, and the record stays in the release directory (and the workflow's artifacts).
 pub fn attach(ws: &Workspace, record: &Publication) -> anyhow::Result<String> {
     let target = github::Target::from_env(ws);
-    let uploaded = github::put_record(
+    let outcome = github::put_record(
         &target,
         &github::token(ws)?,
         &record.tag,
         record.to_bytes()?,
     )?;
-    Ok(format!(
-        "{}: {} on release {}",
-        publication::PUBLICATION,
-        if uploaded {
-            "attached"
-        } else {
-            "already attached, identical"
-        },
-        record.tag
-    ))
+    let name = publication::PUBLICATION;
+    let tag = &record.tag;
+    Ok(match outcome {
+        RecordOutcome::Attached => format!("{name}: attached on release {tag}"),
+        RecordOutcome::Identical => format!("{name}: already attached, identical on release {tag}"),
+        RecordOutcome::Immutable => {
+            let warning = format!(
+                "WARNING: release {tag} is published and immutable, so GitHub takes no {name}: \
+                 keep the release directory's copy (the workflow's `release-images` artifact); \
+                 `verify {tag} --published` reads it from target/dist/{tag}/"
+            );
+            eprintln!("    {warning}");
+            warning
+        }
+    })
 }
 
 /// The commit the release was built from, as the manifest records it.
