@@ -61,6 +61,44 @@ pub struct BuildSettings {
     pub sbom: String,
 }
 
+/// The path prefixes the build remaps, so that no path of this host is in the artifacts.
+/// rustc applies the last matching prefix: the workspace (which holds the target dir) last.
+fn path_remaps(ws: &Workspace) -> Vec<(String, &'static str)> {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
+    let cargo_home = std::env::var("CARGO_HOME").unwrap_or_else(|_| format!("{home}/.cargo"));
+    let rustup_home = std::env::var("RUSTUP_HOME").unwrap_or_else(|_| format!("{home}/.rustup"));
+    vec![
+        (cargo_home, "/cargo"),
+        (rustup_home, "/rustup"),
+        (ws.root.display().to_string(), "/src"),
+    ]
+}
+
+/// The versions of the tools that made the release, for the manifest.
+fn tool_versions(
+    sh: &Shell,
+    maturin: &Path,
+    python: &Path,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let objcopy = cmd!(sh, "objcopy --version").quiet().read()?;
+    Ok(BTreeMap::from([
+        ("rustc".to_owned(), cmd!(sh, "rustc -V").quiet().read()?),
+        ("cargo".to_owned(), cmd!(sh, "cargo -V").quiet().read()?),
+        (
+            "maturin".to_owned(),
+            cmd!(sh, "{maturin} --version").quiet().read()?,
+        ),
+        (
+            "objcopy".to_owned(),
+            objcopy.lines().next().unwrap_or_default().to_owned(),
+        ),
+        (
+            "python (build tools)".to_owned(),
+            cmd!(sh, "{python} --version").quiet().read()?,
+        ),
+    ]))
+}
+
 pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Built> {
     let project = ws.wheel_project_dir();
     preflight(ws, &project)?;
@@ -78,15 +116,7 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
     }
     fs::create_dir_all(&stage)?;
 
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
-    let cargo_home = std::env::var("CARGO_HOME").unwrap_or_else(|_| format!("{home}/.cargo"));
-    let rustup_home = std::env::var("RUSTUP_HOME").unwrap_or_else(|_| format!("{home}/.rustup"));
-    // rustc applies the last matching prefix: the workspace (which holds the target dir) last.
-    let remaps = [
-        (cargo_home, "/cargo"),
-        (rustup_home, "/rustup"),
-        (ws.root.display().to_string(), "/src"),
-    ];
+    let remaps = path_remaps(ws);
     let mut rustflags: Vec<String> = remaps
         .iter()
         .map(|(from, to)| format!("--remap-path-prefix={from}={to}"))
@@ -146,22 +176,7 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
     ));
     write_sbom(sh, ws, &project, source, &sbom)?;
 
-    let mut tools = BTreeMap::new();
-    tools.insert("rustc".to_owned(), cmd!(sh, "rustc -V").quiet().read()?);
-    tools.insert("cargo".to_owned(), cmd!(sh, "cargo -V").quiet().read()?);
-    tools.insert(
-        "maturin".to_owned(),
-        cmd!(sh, "{maturin} --version").quiet().read()?,
-    );
-    let objcopy = cmd!(sh, "objcopy --version").quiet().read()?;
-    tools.insert(
-        "objcopy".to_owned(),
-        objcopy.lines().next().unwrap_or_default().to_owned(),
-    );
-    tools.insert(
-        "python (build tools)".to_owned(),
-        cmd!(sh, "{python} --version").quiet().read()?,
-    );
+    let tools = tool_versions(sh, &maturin, &python)?;
 
     let stripped = strip::Stripped { debug, ..stripped };
     Ok(Built {
