@@ -1093,8 +1093,8 @@ pub fn scattered_requests_go_in_batches(vendor: Vendor, signature: &str) {
             );
         }
         // Back to the pattern for the next round.
-        // SAFETY: `src` is a fake device buffer of `len` bytes.
         let rt = device::runtime().unwrap();
+        // SAFETY: `src` is a fake device buffer of `len` bytes.
         unsafe { rt.copy(src as *mut u8, data.as_ptr(), len) }.unwrap();
     }
     if vendor == Vendor::Musa {
