@@ -249,6 +249,7 @@ static int runtime_version(void) {
     return v ? atoi(v) : 13000;
 }
 int API(RuntimeGetVersion)(int *v) { *v = runtime_version(); return 0; }
+static int is_stream(void *s);
 static uint64_t batch_calls, batch_copies;
 typedef struct { int order; int src_hint[2]; int dst_hint[2]; unsigned flags; } memcpy_attrs_t;
 int API(MemcpyBatchAsync)(void *const *dsts, const void *const *srcs, const size_t *sizes,
@@ -258,8 +259,9 @@ int API(MemcpyBatchAsync)(void *const *dsts, const void *const *srcs, const size
     size_t *fail_idx = v12 ? (size_t *)fail_idx_or_stream : 0;
     void *s = v12 ? stream : fail_idx_or_stream;
     /* The runtime's rules: attributes for every copy, starting at copy 0, in order, an
-     * access order set, a stream that is not the legacy NULL stream. */
-    if (!count || !s || !attrs || !attr_idxs || !num_attrs || num_attrs > count || attr_idxs[0] != 0)
+     * access order set, a stream that is not the legacy NULL stream (here: one created by
+     * StreamCreateWithFlags, which a call in the other version's signature misses). */
+    if (!count || !is_stream(s) || (v12 && !fail_idx) || !attrs || !attr_idxs || !num_attrs || num_attrs > count || attr_idxs[0] != 0)
         return 1;
     for (size_t k = 0; k < num_attrs; k++) {
         if (attrs[k].order < 1 || attrs[k].order > 3) return 1;
@@ -283,9 +285,32 @@ void fake_gpu_batch_stats(uint64_t out[2]) {
     out[0] = __atomic_load_n(&batch_calls, __ATOMIC_RELAXED);
     out[1] = __atomic_load_n(&batch_copies, __ATOMIC_RELAXED);
 }
-int API(StreamCreateWithFlags)(void **s, unsigned f) { (void)f; *s = malloc(1); return 0; }
+/* Streams alive, so that a call can tell a stream from a misplaced argument. */
+#define MAX_STREAMS 256
+static void *streams[MAX_STREAMS];
+static int is_stream(void *s) {
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_STREAMS && !found; i++) found = s && streams[i] == s;
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+int API(StreamCreateWithFlags)(void **s, unsigned f) {
+    (void)f;
+    *s = malloc(1);
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_STREAMS; i++) if (!streams[i]) { streams[i] = *s; break; }
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
 int API(StreamSynchronize)(void *s) { (void)s; return 0; }
-int API(StreamDestroy)(void *s) { free(s); return 0; }
+int API(StreamDestroy)(void *s) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_STREAMS; i++) if (streams[i] == s) streams[i] = 0;
+    pthread_mutex_unlock(&lock);
+    free(s);
+    return 0;
+}
 int API(HostAlloc)(void **p, size_t n, unsigned f) {
     (void)f;
     __atomic_add_fetch(&host_allocs, 1, __ATOMIC_RELAXED);
