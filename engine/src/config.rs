@@ -611,20 +611,22 @@ impl Config {
                     n => Ok(n),
                 }
             };
-        // Unset or empty keeps IPC on (an empty value is not a request to turn it off).
-        ipc.disable = match get("MC_DISABLE_IPC")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("" | "0" | "false" | "no" | "off") => false,
-            Some("1" | "true" | "yes" | "on") => true,
-            Some(_) => {
-                return Err(env.error(
-                    "MC_DISABLE_IPC",
-                    "1 to turn same-host GPU IPC off for tcp/rdma peers, 0 or unset to keep it",
-                ))
-            }
-        };
+        // A switch whose unset or empty value keeps `default` (an empty value is not a
+        // request to change it).
+        let switch =
+            |var: &'static str, default: bool, expected: &str| -> Result<bool, ConfigError> {
+                match get(var).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+                    None | Some("") => Ok(default),
+                    Some("0" | "false" | "no" | "off") => Ok(false),
+                    Some("1" | "true" | "yes" | "on") => Ok(true),
+                    Some(_) => Err(env.error(var, expected)),
+                }
+            };
+        ipc.disable = switch(
+            "MC_DISABLE_IPC",
+            false,
+            "1 to turn same-host GPU IPC off for tcp/rdma peers, 0 or unset to keep it",
+        )?;
         // Upstream checks these by presence.
         ipc.intranode_nvlink = get("MC_INTRANODE_NVLINK").is_some();
         ipc.force_musa = get("MC_FORCE_MUSA").is_some() || get("MC_FORCE_MNNVL").is_some();
@@ -646,19 +648,11 @@ impl Config {
         if let Some(n) = ranged("MC_IPC_REVOKE_TIMEOUT", 1, 600, "whole seconds")? {
             ipc.revoke_timeout = Duration::from_secs(n);
         }
-        ipc.batch_copy = match get("MC_IPC_BATCH_COPY")
-            .map(|v| v.trim().to_ascii_lowercase())
-            .as_deref()
-        {
-            None | Some("" | "1" | "true" | "yes" | "on") => true,
-            Some("0" | "false" | "no" | "off") => false,
-            Some(_) => {
-                return Err(env.error(
-                    "MC_IPC_BATCH_COPY",
-                    "0 for one device copy per scattered slice, 1 or unset for batches",
-                ))
-            }
-        };
+        ipc.batch_copy = switch(
+            "MC_IPC_BATCH_COPY",
+            true,
+            "0 for one device copy per scattered slice, 1 or unset for batches",
+        )?;
         Ok(ipc)
     }
 }
