@@ -420,7 +420,10 @@ def main(args):
     killed_mid_batch(e)
     del e
     results = []
-    paths = [("ipc", {}), ("ipc-scatter", {}), ("tcp", {"MC_DISABLE_IPC": "1"}),
+    # ipc-nobatch-scatter: one cudaMemcpyAsync per scattered block (MC_IPC_BATCH_COPY=0),
+    # against ipc-scatter's one cudaMemcpyBatchAsync per copy thread's group.
+    paths = [("ipc", {}), ("ipc-scatter", {}), ("ipc-nobatch-scatter", {"MC_IPC_BATCH_COPY": "0"}),
+             ("tcp", {"MC_DISABLE_IPC": "1"}),
              ("ipc-exp", EXPANDABLE), ("ipc-exp-scatter", EXPANDABLE)]
     if args.threads:
         paths += [(f"ipc-{t}t-scatter", {"MC_IPC_COPY_THREADS": str(t)}) for t in (1, 2, 8)]
@@ -450,14 +453,14 @@ def main(args):
     print(f"\nraw bulk (one {BENCH >> 20} MiB copy_): write {bulk['write']:.1f} GB/s, read {bulk['read']:.1f} GB/s")
     names = [p_ for p_, _ in paths] + ["native-peer-1s", "native-async-4s"]
     print(f"{'block':>8} {'op':6} {'raw':>7} " + " ".join(f"{n:>15}" for n in names)
-          + f" {'ipc/raw':>8} {'ipc/bulk':>9} {'ipc/native':>10} {'scat/native':>11}")
+          + f" {'ipc/raw':>8} {'ipc/bulk':>9} {'ipc/native':>10} {'scat/native':>11} {'nobatch/nat':>11}")
     for block in BLOCKS:
         for op in ("write", "read"):
             v = {r["path"]: r[op] for r in results if r["block"] == block}
             nat = max(v.get("native-peer-1s", 0), v.get("native-async-4s", 0)) or float("nan")
             print(f"{block >> 10:>7}K {op:6} {v['raw']:7.1f} " + " ".join(f"{v.get(n, 0):15.1f}" for n in names)
                   + f" {v['ipc'] / v['raw']:8.2f} {v['ipc'] / bulk[op]:9.2f} {v['ipc'] / nat:10.2f}"
-                  + f" {v.get('ipc-scatter', 0) / nat:11.2f}")
+                  + f" {v.get('ipc-scatter', 0) / nat:11.2f} {v.get('ipc-nobatch-scatter', 0) / nat:11.2f}")
     check(all(r["bytes_ok"] for r in results), "benchmark bytes verified on the target after each path")
 
 

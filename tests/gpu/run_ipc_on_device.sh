@@ -17,7 +17,8 @@ export PYTHONPATH="$HERE/site"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 timeout 500 python3 "$HERE/gpu_ipc.py" main --duration 1.0 "$@" 2>&1 | tee "$OUTDIR/gpu_ipc.log"
 echo "gpu_ipc exit ${PIPESTATUS[0]}"
-grep -h "segment .*go over\|IPC on\|not shared over IPC\|cannot be mapped" "$OUTDIR/gpu_ipc.log" | sort | uniq -c | head -20
+grep -h "segment .*go over\|IPC on\|not shared over IPC\|cannot be mapped\|batch call failed" "$OUTDIR/gpu_ipc.log" | sed 's/^[0-9T:.-]*Z *//; s/@mooncake-ipc-[0-9a-f-]*//; s/segment [0-9.:]*:/segment:/' | sort | uniq -c | head -20
+grep -h -A12 "^raw bulk" "$OUTDIR/gpu_ipc.log"
 if [ -d "$HERE/up" ] && [ -f "$HERE/ipc_interop.py" ]; then
     timeout 150 python3 "$HERE/ipc_interop.py" main "$HERE" 2>&1 | tee "$OUTDIR/interop.log"
     echo "interop exit ${PIPESTATUS[0]}"

@@ -8,6 +8,7 @@
 //! `MC_GPU_RUNTIME` (`auto`, the default: MUSA first, then CUDA, preferring
 //! one that reports devices; `musa`; `cuda`; `none`).
 
+pub(crate) mod batch;
 pub mod dmabuf;
 pub mod ipc;
 pub mod loader;
@@ -100,6 +101,8 @@ pub struct Runtime {
     path: String,
     devices: u32,
     api: Api,
+    /// `cudaMemcpyBatchAsync` in this runtime's signature, or why it is not used.
+    batch: Result<batch::BatchCopy, String>,
     _lib: Library,
 }
 
@@ -126,6 +129,7 @@ impl Runtime {
                 format!("loaded, but symbol {missing} is missing"),
             )],
         })?;
+        let batch = batch::BatchCopy::resolve(&lib, vendor);
         let mut n: c_int = 0;
         // SAFETY: resolved with the runtime's signature; `n` is a valid out-pointer.
         let rc = unsafe { (api.get_device_count)(&mut n) };
@@ -140,6 +144,7 @@ impl Runtime {
             path,
             devices: n.max(0) as u32,
             api,
+            batch,
             _lib: lib,
         })
     }
@@ -305,6 +310,44 @@ impl Runtime {
         // SAFETY: forwarded from the caller.
         self.check("MemcpyAsync", unsafe {
             (self.api.memcpy_async)(dst.cast(), src.cast(), len, MEMCPY_DEFAULT, s)
+        })
+    }
+
+    /// The call that enqueues many copies at once (its name and signature), or why this
+    /// runtime has none: then each copy is one [`copy_async`](Self::copy_async).
+    pub fn batch_copy(&self) -> Result<&'static str, &str> {
+        self.batch
+            .as_ref()
+            .map(batch::BatchCopy::describe)
+            .map_err(String::as_str)
+    }
+
+    /// Enqueues `dsts[i] <- srcs[i]` for `sizes[i]` bytes on `s` in one runtime call;
+    /// an error when the runtime has no batch call ([`batch_copy`](Self::batch_copy)).
+    ///
+    /// # Safety
+    /// As [`copy_async`](Self::copy_async) for every copy; the slices have one length.
+    /// Overlapping copies of one batch land in no given order.
+    pub(crate) unsafe fn copy_batch_async(
+        &self,
+        dsts: &[*mut c_void],
+        srcs: &[*const c_void],
+        sizes: &[usize],
+        s: Stream,
+    ) -> Result<(), DeviceError> {
+        let call = match &self.batch {
+            Ok(call) => call,
+            Err(why) => {
+                return Err(DeviceError {
+                    call: format!("{}MemcpyBatchAsync", self.vendor.prefix()),
+                    code: -1,
+                    message: why.clone(),
+                })
+            }
+        };
+        // SAFETY: forwarded from the caller.
+        self.check("MemcpyBatchAsync", unsafe {
+            call.call(dsts, srcs, sizes, s)
         })
     }
 }

@@ -240,9 +240,77 @@ int API(MemcpyAsync)(void *dst, const void *src, size_t n, int kind, void *strea
     __atomic_add_fetch(&async_copies, 1, __ATOMIC_RELAXED);
     return copy(dst, src, n);
 }
-int API(StreamCreateWithFlags)(void **s, unsigned f) { (void)f; *s = malloc(1); return 0; }
+/* FAKE_CUDART_VERSION (default 13000): the version RuntimeGetVersion reports, and so the
+ * signature MemcpyBatchAsync is read with: before 13000 (12.8, 12.9) a `size_t *failIdx`
+ * comes before the stream. Declared with nine arguments to take either: with CUDA 13's
+ * eight, the ninth is never read. */
+static int runtime_version(void) {
+    const char *v = getenv("FAKE_CUDART_VERSION");
+    return v ? atoi(v) : 13000;
+}
+int API(RuntimeGetVersion)(int *v) { *v = runtime_version(); return 0; }
+static int is_stream(void *s);
+static uint64_t batch_calls, batch_copies;
+typedef struct { int order; int src_hint[2]; int dst_hint[2]; unsigned flags; } memcpy_attrs_t;
+int API(MemcpyBatchAsync)(void *const *dsts, const void *const *srcs, const size_t *sizes,
+                          size_t count, memcpy_attrs_t *attrs, size_t *attr_idxs,
+                          size_t num_attrs, void *fail_idx_or_stream, void *stream) {
+    int v12 = runtime_version() < 13000;
+    size_t *fail_idx = v12 ? (size_t *)fail_idx_or_stream : 0;
+    void *s = v12 ? stream : fail_idx_or_stream;
+    /* The runtime's rules: attributes for every copy, starting at copy 0, in order, an
+     * access order set, a stream that is not the legacy NULL stream (here: one created by
+     * StreamCreateWithFlags, which a call in the other version's signature misses). */
+    if (!count || !is_stream(s) || (v12 && !fail_idx) || !attrs || !attr_idxs || !num_attrs || num_attrs > count || attr_idxs[0] != 0)
+        return 1;
+    for (size_t k = 0; k < num_attrs; k++) {
+        if (attrs[k].order < 1 || attrs[k].order > 3) return 1;
+        if (k && (attr_idxs[k] <= attr_idxs[k - 1] || attr_idxs[k] >= count)) return 1;
+    }
+    for (size_t i = 0; i < count; i++) {
+        pthread_mutex_lock(&lock);
+        int ok = find((uintptr_t)dsts[i]) && find((uintptr_t)srcs[i]);
+        pthread_mutex_unlock(&lock);
+        if (!ok) { if (fail_idx) *fail_idx = i; return 1; }
+        __atomic_add_fetch(&async_copies, 1, __ATOMIC_RELAXED);
+        copy(dsts[i], srcs[i], sizes[i]);
+    }
+    __atomic_add_fetch(&batch_calls, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&batch_copies, count, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* Test hook: batch calls, copies made by them. */
+void fake_gpu_batch_stats(uint64_t out[2]) {
+    out[0] = __atomic_load_n(&batch_calls, __ATOMIC_RELAXED);
+    out[1] = __atomic_load_n(&batch_copies, __ATOMIC_RELAXED);
+}
+/* Streams alive, so that a call can tell a stream from a misplaced argument. */
+#define MAX_STREAMS 256
+static void *streams[MAX_STREAMS];
+static int is_stream(void *s) {
+    int found = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_STREAMS && !found; i++) found = s && streams[i] == s;
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+int API(StreamCreateWithFlags)(void **s, unsigned f) {
+    (void)f;
+    *s = malloc(1);
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_STREAMS; i++) if (!streams[i]) { streams[i] = *s; break; }
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
 int API(StreamSynchronize)(void *s) { (void)s; return 0; }
-int API(StreamDestroy)(void *s) { free(s); return 0; }
+int API(StreamDestroy)(void *s) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_STREAMS; i++) if (streams[i] == s) streams[i] = 0;
+    pthread_mutex_unlock(&lock);
+    free(s);
+    return 0;
+}
 int API(HostAlloc)(void **p, size_t n, unsigned f) {
     (void)f;
     __atomic_add_fetch(&host_allocs, 1, __ATOMIC_RELAXED);

@@ -61,6 +61,11 @@ pub fn stats() -> [u64; 3] {
     hook(b"fake_gpu_stats")
 }
 
+/// (`MemcpyBatchAsync` calls, copies made by them) counted by the fake.
+pub fn batch_stats() -> [u64; 2] {
+    hook(b"fake_gpu_batch_stats")
+}
+
 /// (pinned allocations alive now, most alive at once) counted by the fake.
 pub fn pinned() -> [u64; 2] {
     hook(b"fake_gpu_pinned")

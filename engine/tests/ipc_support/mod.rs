@@ -299,6 +299,11 @@ macro_rules! ipc_tests {
         }
 
         #[test]
+        fn scattered_requests_go_in_one_batch_call_per_group() {
+            ipc_support::scattered_requests_go_in_batches($vendor, "CUDA 13 signature");
+        }
+
+        #[test]
         fn hostile_ipc_control_messages_are_refused() {
             ipc_support::hostile_control_messages($vendor);
         }
@@ -1008,6 +1013,92 @@ pub fn alternating_adjacent_blocks(vendor: Vendor) {
         let at = remote_of(i) as usize;
         let from = i as usize * bs;
         assert!(got[from..from + bs] == b[at..at + bs], "read block {i}");
+    }
+}
+
+/// The IPC transport's line for the topology dump.
+pub fn ipc_line(e: &TransferEngine) -> String {
+    e.transport_decisions()
+        .into_iter()
+        .find(|(p, _)| *p == "nvlink_intra" || *p == "musa")
+        .expect("the IPC transport runs")
+        .1
+}
+
+/// Scattered requests (placed in reverse order on the peer: no two follow each other) go
+/// to the device in one batch call per copy thread's group where the runtime has one (the
+/// fake's `cudaMemcpyBatchAsync`, read in the signature of the version it reports through
+/// `FAKE_CUDART_VERSION`: `signature` names it), one `MemcpyAsync` each otherwise (MUSA,
+/// or `MC_IPC_BATCH_COPY=0`); the transport's line says which; bytes verified both ways.
+/// (The fake's counters are process-wide: other tests only add to them.)
+pub fn scattered_requests_go_in_batches(vendor: Vendor, signature: &str) {
+    install_fake(vendor);
+    let mut peer = IpcPeer::spawn(151, &[]);
+    let (seg, len) = (peer.session.clone(), LEN as usize);
+    let block = 32u64 << 10;
+    let n = 40u64;
+    let data = pattern(len, 152);
+    let src = device_buffer(0, &data);
+    let remote = |i: u64| (n - 1 - i) * block;
+    let mut expected = vec![0u8; (n * block) as usize];
+    for i in 0..n {
+        let (at, from) = (remote(i) as usize, (i * block) as usize);
+        expected[at..at + block as usize].copy_from_slice(&data[from..from + block as usize]);
+    }
+    let b = pattern(len, 151 + 1); // the peer's b
+    for (batch, env) in [(true, vec![]), (false, vec![("MC_IPC_BATCH_COPY", "0")])] {
+        let e = engine_with(&env);
+        let batch = batch && vendor == Vendor::Cuda;
+        let line = ipc_line(&e);
+        if batch {
+            let want =
+                format!("scattered slices go in one cudaMemcpyBatchAsync ({signature}) per group");
+            assert!(line.contains(&want), "{line}");
+        } else {
+            assert!(line.contains("scattered slices go one by one ("), "{line}");
+        }
+        // Warm the mapping.
+        sync(&e, &seg, &[Request::new(OpCode::Write, src, peer.c, block)]);
+        let writes: Vec<Request> = (0..n)
+            .map(|i| Request::new(OpCode::Write, src + i * block, peer.a + remote(i), block))
+            .collect();
+        let before = crate::fake_gpu::batch_stats();
+        sync(&e, &seg, &writes);
+        let after = crate::fake_gpu::batch_stats();
+        assert_eq!(
+            peer.hash(peer.a, n * block),
+            fnv(&expected),
+            "writes, batch {batch}"
+        );
+        if batch {
+            assert!(
+                after[0] > before[0],
+                "no batch call: {before:?} -> {after:?}"
+            );
+            assert!(
+                after[1] - before[1] >= n,
+                "{before:?} -> {after:?} for {n} copies"
+            );
+        }
+        let reads: Vec<Request> = (0..n)
+            .map(|i| Request::new(OpCode::Read, src + i * block, peer.b + remote(i), block))
+            .collect();
+        sync(&e, &seg, &reads);
+        let got = device_bytes(src, (n * block) as usize);
+        for i in 0..n as usize {
+            let (bs, at) = (block as usize, remote(i as u64) as usize);
+            assert!(
+                got[i * bs..(i + 1) * bs] == b[at..at + bs],
+                "read block {i}, batch {batch}"
+            );
+        }
+        // Back to the pattern for the next round.
+        let rt = device::runtime().unwrap();
+        // SAFETY: `src` is a fake device buffer of `len` bytes.
+        unsafe { rt.copy(src as *mut u8, data.as_ptr(), len) }.unwrap();
+    }
+    if vendor == Vendor::Musa {
+        assert_eq!(crate::fake_gpu::batch_stats()[0], 0, "MUSA never batches");
     }
 }
 

@@ -1,7 +1,8 @@
 //! Copy threads: each owns one stream per device, takes a group of slices, issues one
 //! asynchronous device-to-device copy per run of adjacent slices (one per slice where
-//! they are scattered), synchronises its stream and completes the group. Several
-//! threads keep several groups in flight.
+//! they are scattered; the runs of a group in one `cudaMemcpyBatchAsync` where the
+//! runtime has it), synchronises its stream and completes the group. Several threads
+//! keep several groups in flight.
 //!
 //! The memory contract: a slice is [`take`](Slice::take)n (its batch entered, its local
 //! region pinned) before its copy is issued, and finished only after the stream holding
@@ -11,7 +12,7 @@
 //! a peer — and the slices not yet issued are skipped once their batch is canceled.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -50,19 +51,43 @@ pub(super) struct Copier {
     queues: Vec<Sender<Vec<Copy>>>,
     next: AtomicUsize,
     threads: Vec<std::thread::JoinHandle<()>>,
+    batch: Arc<Batching>,
+}
+
+/// Shared by the copy threads: whether scattered runs go in batch calls.
+struct Batching {
+    on: AtomicBool,
+}
+
+impl Batching {
+    /// Stops batching after a batch call failed: said once, then one copy per run.
+    fn failed(&self, why: &str) {
+        if self.on.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                "IPC copies: the batch call failed ({why}); copies are issued one by one from now on \
+                 (MC_IPC_BATCH_COPY=0 does so from the start)"
+            );
+        }
+    }
 }
 
 impl Copier {
-    pub fn start(ipc: &Arc<IpcRuntime>, count: usize) -> Result<Self, std::io::Error> {
+    /// `count` threads; `batch`: scattered runs of a group go in one batch call where
+    /// the runtime has one (`MC_IPC_BATCH_COPY`).
+    pub fn start(ipc: &Arc<IpcRuntime>, count: usize, batch: bool) -> Result<Self, std::io::Error> {
+        let batch = Arc::new(Batching {
+            on: AtomicBool::new(batch && ipc.runtime().batch_copy().is_ok()),
+        });
         let mut queues = Vec::new();
         let mut threads = Vec::new();
         for i in 0..count.max(1) {
             let (tx, rx) = crossbeam_channel::unbounded::<Vec<Copy>>();
             let ipc = ipc.clone();
+            let batch = batch.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("te-ipc-copy-{i}"))
-                    .spawn(move || run(&ipc, &rx))?,
+                    .spawn(move || run(&ipc, &rx, &batch))?,
             );
             queues.push(tx);
         }
@@ -70,7 +95,14 @@ impl Copier {
             queues,
             next: AtomicUsize::new(0),
             threads,
+            batch,
         })
+    }
+
+    /// Whether scattered runs go in batch calls now (off when asked, when the runtime
+    /// has none, or after one failed).
+    pub fn batching(&self) -> bool {
+        self.batch.on.load(Ordering::Relaxed)
     }
 
     /// Spreads `copies` over the threads in contiguous groups, one group per thread.
@@ -132,7 +164,7 @@ impl Run {
     }
 }
 
-fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
+fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>, batch: &Batching) {
     let carrier: Arc<dyn Abort> = Arc::new(DeviceCopies);
     let mut streams: HashMap<u32, Stream> = HashMap::new();
     let mut last_batch = 0u64;
@@ -182,20 +214,12 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
         }
         // Issue every run; a member of a run that could not be issued fails with it.
         let mut errors: Vec<Option<String>> = vec![None; taken.len()];
-        for r in &runs {
-            let issued = usize::try_from(r.len)
-                .map_err(|_| "copy too large".to_string())
-                .and_then(|len| {
-                    use_device(&rt, &mut current, r.device).map_err(|e| e.to_string())?;
-                    // SAFETY: each member's local range is pinned by its `Held` until it
-                    // is finished below, after the stream is synchronised; each remote
-                    // range lies inside its mapping (checked against the driver's size
-                    // when it was resolved), kept open by the member until then. The
-                    // members' ranges follow each other, so the run covers exactly them.
-                    unsafe { rt.copy_async(r.dst as *mut u8, r.src as *const u8, len, r.stream) }
-                        .map_err(|e| e.to_string())
-                });
-            if let Err(e) = issued {
+        let mut batched = vec![false; runs.len()];
+        if batch.on.load(Ordering::Relaxed) {
+            issue_batches(&rt, &mut current, &runs, &mut batched, batch);
+        }
+        for (r, _) in runs.iter().zip(&batched).filter(|(_, &b)| !b) {
+            if let Err(e) = issue(&rt, &mut current, r) {
                 for i in r.members.clone() {
                     if let Some(slot) = errors.get_mut(i) {
                         *slot = Some(e.clone());
@@ -231,6 +255,75 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>) {
     for (device, s) in streams {
         if rt.set_device(device).is_ok() {
             rt.stream_destroy(s);
+        }
+    }
+}
+
+/// One device copy for run `r`.
+fn issue(rt: &crate::device::Runtime, current: &mut Option<u32>, r: &Run) -> Result<(), String> {
+    let len = usize::try_from(r.len).map_err(|_| "copy too large".to_string())?;
+    use_device(rt, current, r.device).map_err(|e| e.to_string())?;
+    // SAFETY: each member's local range is pinned by its `Held` until it is finished,
+    // after the stream is synchronised; each remote range lies inside its mapping
+    // (checked against the driver's size when it was resolved), kept open by the member
+    // until then. The members' ranges follow each other, so the run covers exactly them.
+    unsafe { rt.copy_async(r.dst as *mut u8, r.src as *const u8, len, r.stream) }
+        .map_err(|e| e.to_string())
+}
+
+/// The runs of each device that has several, in one batch call per device; marks in
+/// `batched` the runs so enqueued. A failed call turns batching off and leaves its runs
+/// unmarked, to be issued one by one (after the stream has drained whatever part of the
+/// batch the runtime may have enqueued: the same bytes copied again are the same).
+fn issue_batches(
+    rt: &crate::device::Runtime,
+    current: &mut Option<u32>,
+    runs: &[Run],
+    batched: &mut [bool],
+    batch: &Batching,
+) {
+    let mut devices: Vec<u32> = runs.iter().map(|r| r.device).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    for device in devices {
+        let mine: Vec<usize> = (0..runs.len())
+            .filter(|&i| runs.get(i).is_some_and(|r| r.device == device))
+            .collect();
+        let (Some(&first), true) = (mine.first(), mine.len() >= 2) else {
+            continue;
+        };
+        let Some(stream) = runs.get(first).map(|r| r.stream) else {
+            continue;
+        };
+        let mut dsts = Vec::with_capacity(mine.len());
+        let mut srcs = Vec::with_capacity(mine.len());
+        let mut sizes = Vec::with_capacity(mine.len());
+        for r in mine.iter().filter_map(|&i| runs.get(i)) {
+            let Ok(len) = usize::try_from(r.len) else {
+                return;
+            };
+            dsts.push(r.dst as *mut std::ffi::c_void);
+            srcs.push(r.src as *const std::ffi::c_void);
+            sizes.push(len);
+        }
+        let issued = use_device(rt, current, device).and_then(|()| {
+            // SAFETY: as for one copy in `issue`, for every run. Copies of one batch run in
+            // no given order, as copies of different copy threads already do.
+            unsafe { rt.copy_batch_async(&dsts, &srcs, &sizes, stream) }
+        });
+        match issued {
+            Ok(()) => {
+                for &i in &mine {
+                    if let Some(b) = batched.get_mut(i) {
+                        *b = true;
+                    }
+                }
+            }
+            Err(e) => {
+                batch.failed(&e.to_string());
+                let _ = rt.stream_sync(stream);
+                return;
+            }
         }
     }
 }

@@ -126,7 +126,7 @@ impl IpcTransport {
                 .map_err(|e| format!("{} has no IPC calls: {e}", rt.path()))?,
         );
         let host = HostIdentity::local(settings.host_id.clone())?;
-        let copier = Copier::start(&ipc, settings.copy_threads)
+        let copier = Copier::start(&ipc, settings.copy_threads, settings.batch_copy)
             .map_err(|e| format!("cannot start copy threads: {e}"))?;
         let protocol = match rt.vendor() {
             Vendor::Cuda => PROTOCOL_CUDA,
@@ -179,7 +179,8 @@ impl IpcTransport {
             "{protocol}: {vendor} IPC on {n} device(s) ({rt}; allocation ranges from {driver}); \
              same-host device-to-device requests {auto}; advertised protocol {adv}; host id {host}; \
              {regions} region(s) exported in {handles} handle(s); {vmm}; {opens} peer handle(s) opened, \
-             {closes} closed, {cached} open now; slices of {slice} bytes on {threads} copy thread(s)",
+             {closes} closed, {cached} open now; slices of {slice} bytes on {threads} copy thread(s); \
+             scattered slices {batch}",
             protocol = self.protocol,
             vendor = self.ipc.runtime().vendor(),
             n = self.ipc.runtime().device_count(),
@@ -197,6 +198,14 @@ impl IpcTransport {
             host = self.host.host_id,
             slice = self.settings.slice_size,
             threads = self.settings.copy_threads,
+            batch = match self.ipc.runtime().batch_copy() {
+                Ok(call) if self.copier.batching() => format!("go in one {call} per group"),
+                Ok(call) if self.settings.batch_copy => {
+                    format!("go one by one ({call} failed once, see the warning)")
+                }
+                Ok(_) => "go one by one (MC_IPC_BATCH_COPY=0)".to_string(),
+                Err(why) => format!("go one by one ({why})"),
+            },
         )
     }
 

@@ -26,6 +26,9 @@ pub struct IpcSettings {
     /// How long `unregister_memory` waits for the peers holding an IPC mapping of the
     /// memory to let go (`MC_IPC_REVOKE_TIMEOUT`, seconds).
     pub revoke_timeout: std::time::Duration,
+    /// Scattered slices of a group go in one batch call where the runtime has one
+    /// (`MC_IPC_BATCH_COPY`, default on).
+    pub batch_copy: bool,
 }
 
 impl IpcSettings {
@@ -40,6 +43,7 @@ impl IpcSettings {
             slice_size,
             copy_threads,
             revoke_timeout,
+            batch_copy,
         } = config.ipc.clone();
         Self {
             auto: !disable,
@@ -52,6 +56,7 @@ impl IpcSettings {
             slice_size,
             copy_threads,
             revoke_timeout,
+            batch_copy,
         }
     }
 }
@@ -78,6 +83,12 @@ mod tests {
         assert_eq!(
             (d.slice_size, d.copy_threads, d.revoke_timeout.as_secs()),
             (64 << 20, 4, 5)
+        );
+        assert!(d.batch_copy);
+        assert!(
+            !with(&[("MC_IPC_BATCH_COPY", "0")], Vendor::Cuda)
+                .unwrap()
+                .batch_copy
         );
         assert!(!with(&[("MC_DISABLE_IPC", "1")], Vendor::Cuda).unwrap().auto);
         assert!(with(&[("MC_DISABLE_IPC", "0")], Vendor::Cuda).unwrap().auto);
@@ -134,6 +145,7 @@ mod tests {
             ("MC_IPC_REVOKE_TIMEOUT", "0"),
             ("MC_IPC_SLICE_SIZE", "100"),
             ("MC_IPC_SLICE_SIZE", "lots"),
+            ("MC_IPC_BATCH_COPY", "sometimes"),
         ] {
             let e = with(&[(var, value)], Vendor::Cuda).unwrap_err();
             assert_eq!((e.var, e.value.as_str()), (var, value));
