@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Paired A/B of two builds of our transfer_engine_bench on loopback, same run: for each case
-# and round, A then B, each against its own target. Prints one JSON line per run and a
-# table of B/A medians.
+# and round, both builds, each against its own target, A first in odd rounds and B first in
+# even ones (so neither always runs second: ABBA...). Prints one JSON line per run and a
+# table of medians and B/A ratios (GB/s, p50, p99).
 #
 #   scripts/bench-ab.sh A_BIN B_BIN [ROUNDS]
 #
@@ -50,9 +51,14 @@ run() {  # run WHICH BIN SEG OP BLOCK BATCH
 IFS=',' read -r -a SPECS <<<"${CASES:-write 4194304 64,read 4194304 64,write 65536 64,read 65536 64,write 4096 1,read 4096 1}"
 for spec in "${SPECS[@]}"; do
     read -r op block batch <<<"$spec"
-    for _ in $(seq "$ROUNDS"); do
-        run A "$A" "$SEG_A" "$op" "$block" "$batch" | tee -a "$OUT/all.jsonl"
-        run B "$B" "$SEG_B" "$op" "$block" "$batch" | tee -a "$OUT/all.jsonl"
+    for round in $(seq "$ROUNDS"); do
+        if [ $((round % 2)) = 1 ]; then
+            run A "$A" "$SEG_A" "$op" "$block" "$batch" | tee -a "$OUT/all.jsonl"
+            run B "$B" "$SEG_B" "$op" "$block" "$batch" | tee -a "$OUT/all.jsonl"
+        else
+            run B "$B" "$SEG_B" "$op" "$block" "$batch" | tee -a "$OUT/all.jsonl"
+            run A "$A" "$SEG_A" "$op" "$block" "$batch" | tee -a "$OUT/all.jsonl"
+        fi
     done
 done
 
@@ -64,13 +70,16 @@ cases = []
 for r in rows:
     if r["case"] not in cases:
         cases.append(r["case"])
-print("| case | A GB/s (median) | B GB/s (median) | B/A | A p50/p99 us | B p50/p99 us |")
-print("|---|---|---|---|---|---|")
+print("| case | A GB/s (median) | B GB/s (median) | B/A | A p50/p99 us | B p50/p99 us | B/A p50 | B/A p99 |")
+print("|---|---|---|---|---|---|---|---|")
 for c in cases:
     a = [r for r in rows if r["case"] == c and r["which"] == "A"]
     b = [r for r in rows if r["case"] == c and r["which"] == "B"]
     ga = statistics.median(r["gb_per_s"] for r in a)
     gb = statistics.median(r["gb_per_s"] for r in b)
-    lat = lambda rs: "%.1f / %.1f" % (statistics.median(r["latency_p50_us"] for r in rs), statistics.median(r["latency_p99_us"] for r in rs))
-    print(f"| {c} | {ga:.3f} | {gb:.3f} | {gb/ga:.2f} | {lat(a)} | {lat(b)} |")
+    med = lambda rs, k: statistics.median(r[k] for r in rs)
+    lat = lambda rs: "%.1f / %.1f" % (med(rs, "latency_p50_us"), med(rs, "latency_p99_us"))
+    p50 = med(b, "latency_p50_us") / med(a, "latency_p50_us")
+    p99 = med(b, "latency_p99_us") / med(a, "latency_p99_us")
+    print(f"| {c} | {ga:.3f} | {gb:.3f} | {gb/ga:.3f} | {lat(a)} | {lat(b)} | {p50:.3f} | {p99:.3f} |")
 EOF

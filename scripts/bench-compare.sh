@@ -38,6 +38,9 @@
 #              write-4MiBx64 read-4MiBx64 write-64KiBx64 read-64KiBx64 lat-write-4KiB
 #              lat-read-4KiB serving-1peer serving-4peers)
 #   OUT_DIR    default $OUT when set (the device tool's output folder)
+#   SKIP_UPSTREAM_PY=1  ours only (variants of ours against each other)
+#   BENCH_REPO the checkout holding .devcarry/ (default: this script's); set it when this
+#              script itself was carried in a folder of another checkout
 # Serving cases: 10 threads, each a synchronous batch of 32 writes of 32 KiB at a time, to
 # one target or spread over four (batch n of thread t to target (t+n) mod 4); gbps is the
 # aggregate, batch_p50_us / batch_p99_us per batch. Latency cases: one 4 KiB request at a
@@ -52,7 +55,7 @@
 #                                   so mean latency = 1/req_per_s)
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="${BENCH_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 OURS_BENCH="${OURS_BENCH:-$REPO/target/release/transfer_engine_bench}"
 GPU_HOST=0
 if [ "${1:-}" = "--gpu-host" ]; then
@@ -385,7 +388,7 @@ gh_ours() {  # gh_ours NAME BIN ENV_LIST ROUND
 gpu_host_main() {
     local specs=() rnd k spec name rest bin envs
     read -r -a specs <<<"${OURS:-ours=$OURS_BENCH}"
-    specs=(upstream "${specs[@]}")
+    [ "${SKIP_UPSTREAM_PY:-0}" = 1 ] || specs=(upstream "${specs[@]}")
     log "gpu-host: results $RESULTS; CPUs ${CPUS:-0-15}; ${DURATION}s per case; $(nproc) CPUs here"
     { uname -a; nproc; lscpu 2>/dev/null | grep -Ei 'model name|numa|^cpu\(s\)' || true; } >"$LOGS/host.txt"
     for ((rnd = 1; rnd <= ${ROUNDS:-1}; rnd++)); do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The metrics-overhead A/B of issue 14: the 4 KiB latency cases (1 thread, batch 1,
 # loopback) with metrics off (A: `--features no-metrics`, batches record nothing) and on
-# (B: the release build), paired in the same run, pinned to CPUS.
+# (B: the release build), paired in the same run (off first in odd rounds, on first in even
+# ones), pinned to CPUS. The table's B/A columns are on/off ratios.
 #
 #   scripts/metrics-ab.sh [ROUNDS]
 #

@@ -88,6 +88,9 @@ pub struct Config {
     /// persistent connections to each peer, 1–16; default from the CPUs this process may
     /// run on ([`lanes_for_cpus`]).
     pub tcp_lanes_per_peer: usize,
+    /// `MC_TCP_LANE_BUDGET` (ours): lanes over all peers, shared evenly by the open links
+    /// (never under 2 per link), 1–1024; default from the CPUs ([`lane_budget_for_cpus`]).
+    pub tcp_lane_budget: usize,
     /// `MC_TCP_STRIPE_SIZE` (ours): requests larger than this are split into
     /// stripes that travel on different lanes.
     pub tcp_stripe_size: u64,
@@ -235,6 +238,7 @@ impl Default for Config {
             tcp_proto: None,
             tcp_status_timeout: Duration::from_secs(30),
             tcp_lanes_per_peer: default_lanes(),
+            tcp_lane_budget: lane_budget_for_cpus(available_cpus()),
             tcp_stripe_size: 4 << 20,
             tcp_pipeline_depth: 16,
             tcp_spin: spin_for_cpus(available_cpus()),
@@ -300,6 +304,13 @@ pub fn spin_for_cpus(cpus: usize) -> Duration {
 /// considered: the hosts measured have one node.
 pub fn lanes_for_cpus(cpus: usize) -> usize {
     cpus.clamp(1, 4).max((cpus / 2).min(8))
+}
+
+/// Lanes over all peers for a process that may run on `cpus` CPUs: one per CPU, and never
+/// fewer than one peer's lanes ([`lanes_for_cpus`]). So one peer gets all its lanes, and
+/// several peers share the CPUs instead of each adding its own threads.
+pub fn lane_budget_for_cpus(cpus: usize) -> usize {
+    cpus.max(lanes_for_cpus(cpus))
 }
 
 /// Variables accepted only for compatibility: they tune upstream's bounded
@@ -398,6 +409,12 @@ impl Config {
                 return Err(env.error(var, "1 to 16"));
             }
             c.tcp_lanes_per_peer = n;
+        }
+        if let Some(n) = env.int::<usize>("MC_TCP_LANE_BUDGET", "1 to 1024")? {
+            if !(1..=1024).contains(&n) {
+                return Err(env.error("MC_TCP_LANE_BUDGET", "1 to 1024"));
+            }
+            c.tcp_lane_budget = n;
         }
         if let Some(n) = env.int::<u64>("MC_TCP_STRIPE_SIZE", "bytes, at least 65536")? {
             if n < 65536 {
@@ -817,6 +834,7 @@ mod tests {
             ("MC_HANDSHAKE_MAX_LENGTH", "2048"),
             ("MC_TCP_PROTO", "1"),
             ("MC_TCP_LANES_PER_PEER", "2"),
+            ("MC_TCP_LANE_BUDGET", "6"),
             ("MC_TCP_SPIN_US", "20"),
             ("MC_TCP_BIND_ADDRESS", "127.0.0.1"),
             ("MC_LOG_LEVEL", "warning"),
@@ -837,6 +855,7 @@ mod tests {
         assert_eq!(c.handshake_max_length, 2048);
         assert_eq!(c.tcp_proto, Some(1));
         assert_eq!(c.tcp_lanes_per_peer, 2);
+        assert_eq!(c.tcp_lane_budget, 6);
         assert_eq!(c.tcp_spin, Duration::from_micros(20));
         assert_eq!(c.log_level, LogLevel::Warning);
         assert_eq!(c.handshake_server_timeout, Duration::from_secs(3));
@@ -863,6 +882,8 @@ mod tests {
             .map(|&n| lanes_for_cpus(n))
             .collect();
         assert_eq!(lanes, [1, 2, 3, 4, 4, 5, 8, 8, 8]);
+        let budgets: Vec<usize> = [1, 2, 4, 16].map(lane_budget_for_cpus).to_vec();
+        assert_eq!(budgets, [1, 2, 4, 16]);
         assert_eq!(spin_for_cpus(2), Duration::ZERO);
         assert_eq!(spin_for_cpus(16), Duration::from_micros(50));
         for n in 1..=256 {
@@ -893,6 +914,7 @@ mod tests {
             ("MC_TCP_PROTO", "3"),
             ("MC_TCP_LANES_PER_PEER", "17"),
             ("MC_TCP_SPIN_US", "1001"),
+            ("MC_TCP_LANE_BUDGET", "0"),
             ("MC_TCP_SPIN_US", "fast"),
             ("MC_TCP_STATUS_TIMEOUT_SEC", "0"),
             ("MC_TCP_BIND_ADDRESS", "localhost"),

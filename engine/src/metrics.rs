@@ -14,10 +14,10 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 use prometheus_client::collector::Collector;
@@ -261,6 +261,9 @@ pub const MAX_BATCH_TRANSPORTS: usize = 4;
 #[derive(Debug)]
 pub struct Recorder {
     peer: Arc<Counters>,
+    /// The engine's count of batches whose last request is being counted after its
+    /// waiter was woken.
+    trailing: Arc<AtomicUsize>,
     transports: [Option<Arc<TransportMetrics>>; MAX_BATCH_TRANSPORTS],
     requests: Requests,
 }
@@ -309,6 +312,17 @@ impl Recorder {
             t.batch_latency.observe(elapsed);
         }
     }
+
+    /// The batch is about to be seen finished with its last request not counted yet:
+    /// snapshots wait until [`end_trailing`](Self::end_trailing).
+    pub fn begin_trailing(&self) {
+        self.trailing.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The last request of a batch seen finished is counted.
+    pub fn end_trailing(&self) {
+        self.trailing.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The engine's metrics.
@@ -318,6 +332,8 @@ pub struct Metrics {
     peers: RwLock<HashMap<String, Arc<Counters>>>,
     other: Arc<Counters>,
     peer_cap: usize,
+    /// Batches seen finished whose last request is still being counted (`Recorder`).
+    trailing: Arc<AtomicUsize>,
 }
 
 /// A copy of the metrics of one transport.
@@ -362,6 +378,7 @@ impl Metrics {
             peers: RwLock::new(HashMap::new()),
             other: Arc::new(Counters::default()),
             peer_cap,
+            trailing: Arc::default(),
         }
     }
 
@@ -397,6 +414,7 @@ impl Metrics {
         }
         Recorder {
             peer,
+            trailing: self.trailing.clone(),
             transports,
             requests: Requests::collect(requests),
         }
@@ -404,6 +422,7 @@ impl Metrics {
 
     /// A copy of the metrics, with the transports' own counters `connections`.
     pub fn snapshot(&self, connections: &[(&'static str, TransportCounters)]) -> MetricsSnapshot {
+        self.settle();
         let transports = self
             .transports
             .iter()
@@ -434,6 +453,18 @@ impl Metrics {
             transports,
             peers,
             peer_cap: self.peer_cap,
+        }
+    }
+
+    /// Waits until every batch seen finished is counted (a few hundred ns, unless the
+    /// counting thread was preempted; 100 ms at the very most), so that a snapshot taken
+    /// after a transfer returned includes it.
+    fn settle(&self) {
+        let start = Instant::now();
+        while self.trailing.load(Ordering::Acquire) > 0
+            && start.elapsed() < Duration::from_millis(100)
+        {
+            std::thread::yield_now();
         }
     }
 
@@ -771,6 +802,32 @@ mod tests {
         assert_eq!(s.peers[0].1.bytes_written, 12);
         let one = m.recorder(m.peer("p:1"), ["tcp"].into_iter(), [write(0, 3)]);
         assert!(matches!(one.requests, Requests::One(_)));
+    }
+
+    #[test]
+    fn a_snapshot_waits_for_a_batch_counted_after_its_waiter_woke() {
+        let m = Arc::new(Metrics::new(&["tcp"]));
+        let rec = m.recorder(
+            m.peer("p:1"),
+            ["tcp"].into_iter(),
+            [RequestInfo {
+                transport: 0,
+                read: false,
+                len: 64,
+            }],
+        );
+        rec.begin_trailing();
+        let counter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2));
+            rec.request_done(0, None, Duration::from_micros(5));
+            rec.batch_done(Duration::from_micros(5));
+            rec.end_trailing();
+        });
+        let tcp = &m.snapshot(&[]).transports[0];
+        assert_eq!(tcp.counters.bytes_written, 64);
+        assert_eq!(tcp.request_latency.count, 1);
+        assert_eq!(tcp.batch_latency.count, 1);
+        counter.join().ok();
     }
 
     #[test]

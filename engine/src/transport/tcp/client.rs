@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvError, Sender, TryRecvError};
 use parking_lot::{Condvar, Mutex};
 
+use super::budget::{LaneBudget, Membership};
 use super::cut_reader::CutStream;
 use crate::config::Config;
 use crate::error::TransferError;
@@ -75,16 +76,22 @@ struct LinkShared {
     /// Milliseconds after `created` of the last `send`.
     last_used_ms: AtomicU64,
     counters: Arc<LinkCounters>,
+    /// This link's place in the engine's lane budget: lanes past its share sleep.
+    lanes: Membership,
+    /// Set when the link stops, so that sleeping lanes exit too.
+    stopping: AtomicBool,
 }
 
 impl PeerLink {
-    /// Starts `cfg.tcp_lanes_per_peer` lanes towards `peer`; connections open on first use.
+    /// Starts `cfg.tcp_lanes_per_peer` lanes towards `peer`, of which those within the
+    /// link's share of `budget` take work; connections open on first use.
     /// Connects, reconnects and re-sends are counted in `counters`.
     pub fn new(
         peer: SocketAddr,
         v2: bool,
         cfg: &Config,
         counters: Arc<LinkCounters>,
+        budget: &Arc<LaneBudget>,
     ) -> io::Result<Self> {
         let (tx, rx) = unbounded();
         let shared = Arc::new(LinkShared {
@@ -102,6 +109,8 @@ impl PeerLink {
             created: Instant::now(),
             last_used_ms: AtomicU64::new(0),
             counters,
+            lanes: budget.join(),
+            stopping: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
         for i in 0..cfg.tcp_lanes_per_peer {
@@ -109,7 +118,7 @@ impl PeerLink {
             let r = rx.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("te-lane-{}-{i}", peer.port()))
-                .spawn(move || lane(s, r));
+                .spawn(move || lane(s, r, i));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -177,6 +186,8 @@ impl Drop for PeerLink {
 /// Cuts every connection (unblocking receivers waiting on replies that will never
 /// come) and joins the lanes.
 fn stop(shared: &LinkShared, threads: Vec<JoinHandle<()>>) {
+    shared.stopping.store(true, Ordering::Release);
+    shared.lanes.budget().wake_all();
     for (_, cut) in shared.open.lock().iter() {
         cut.abort();
     }
@@ -239,7 +250,7 @@ impl LinkShared {
     }
 }
 
-fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
+fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
     let mut conn: Option<Conn> = None;
     // This lane's connection broke and has not been replaced yet.
     let mut broke = false;
@@ -248,6 +259,13 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>) {
     // a spinning thread would only take a CPU from one with work.
     let mut lone = false;
     loop {
+        shared
+            .lanes
+            .budget()
+            .wait_for_share(index, &shared.stopping);
+        if shared.stopping.load(Ordering::Acquire) {
+            break;
+        }
         if let Some(c) = conn.as_ref() {
             c.pending.wait_below(READ_BYTES_PER_LANE, &c.broken);
         }

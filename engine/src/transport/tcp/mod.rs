@@ -7,6 +7,7 @@
 // Peer input is parsed here: an index out of range must be an error, never a panic.
 #![deny(clippy::indexing_slicing)]
 
+mod budget;
 pub mod client;
 mod cut_reader;
 pub mod server;
@@ -24,6 +25,7 @@ use crate::memory::MemoryRegistry;
 use crate::net;
 use crate::wire::descriptor::SegmentDesc;
 use crate::wire::session::{HostPort, SegmentId};
+use budget::LaneBudget;
 use client::{LinkCounters, PeerLink};
 use server::TcpServer;
 
@@ -39,6 +41,8 @@ pub struct TcpTransport {
     // Dropped before the server (field order): lanes stop, failing queued slices, first.
     links: Mutex<HashMap<(SocketAddr, bool), Arc<PeerLink>>>,
     counters: Arc<LinkCounters>,
+    /// Lanes shared by every link (`MC_TCP_LANE_BUDGET`).
+    lanes: Arc<LaneBudget>,
     _server: TcpServer,
 }
 
@@ -73,6 +77,7 @@ impl TcpTransport {
             data_port,
             links: Mutex::new(HashMap::new()),
             counters,
+            lanes: LaneBudget::new(config.tcp_lane_budget, config.tcp_lanes_per_peer),
             _server: server,
         })
     }
@@ -121,12 +126,12 @@ impl TcpTransport {
             return Ok(l.clone());
         }
         let link = Arc::new(
-            PeerLink::new(addr, v2, &self.config, self.counters.clone()).map_err(|source| {
-                TransportError::Io {
+            PeerLink::new(addr, v2, &self.config, self.counters.clone(), &self.lanes).map_err(
+                |source| TransportError::Io {
                     what: format!("cannot start connection threads to {addr}"),
                     source,
-                }
-            })?,
+                },
+            )?,
         );
         links.insert((addr, v2), link.clone());
         Ok(link)
