@@ -193,6 +193,20 @@ pub fn adopt_base_layers(
             base_ids.len()
         );
     }
+    ensure_starts_with_base(&built_ids, &base_ids)?;
+    let dropped = swap_in_base_layers(&mut manifest, base_layers, &top.digest)?;
+    let adopted = Adopted {
+        base_layers: base_layers.len(),
+        replaced: dropped.len(),
+    };
+    if dropped.is_empty() {
+        return Ok(adopted);
+    }
+    replace_top_manifest(dir, &index_bytes, position, &manifest, &top.digest, dropped)?;
+    Ok(adopted)
+}
+
+fn ensure_starts_with_base(built_ids: &[String], base_ids: &[String]) -> anyhow::Result<()> {
     if let Some(i) = (0..base_ids.len()).find(|&i| built_ids.get(i) != Some(&base_ids[i])) {
         bail!(
             "the built image does not start with the base's layers (layer {} of {}: diff ID {} \
@@ -204,10 +218,20 @@ pub fn adopt_base_layers(
             base_ids[i]
         );
     }
+    Ok(())
+}
+
+/// Puts the base's layer descriptors in place of the builder's recompressed copies; returns the
+/// digests that are no longer referenced.
+fn swap_in_base_layers(
+    manifest: &mut Value,
+    base_layers: &[Value],
+    manifest_digest: &str,
+) -> anyhow::Result<Vec<String>> {
     let oci = manifest["mediaType"].as_str().unwrap_or(OCI_MANIFEST) == OCI_MANIFEST;
     let layers = manifest["layers"]
         .as_array_mut()
-        .ok_or_else(|| format_err!("manifest {} lists no layers", top.digest))?;
+        .ok_or_else(|| format_err!("manifest {} lists no layers", manifest_digest))?;
     let mut dropped = Vec::new();
     for (built, base) in layers.iter_mut().zip(base_layers) {
         let mut adopted = base.clone();
@@ -224,29 +248,33 @@ pub fn adopt_base_layers(
             *built = adopted;
         }
     }
-    let adopted = Adopted {
-        base_layers: base_layers.len(),
-        replaced: dropped.len(),
-    };
-    if dropped.is_empty() {
-        return Ok(adopted);
-    }
-    let new_manifest = serde_json::to_vec(&manifest)?;
+    Ok(dropped)
+}
+
+fn replace_top_manifest(
+    dir: &Path,
+    index_bytes: &[u8],
+    position: usize,
+    manifest: &Value,
+    old_digest: &str,
+    mut dropped: Vec<String>,
+) -> anyhow::Result<()> {
+    let new_manifest = serde_json::to_vec(manifest)?;
     let new_digest = put_blob(dir, &new_manifest)?;
-    let mut index: Value = serde_json::from_slice(&index_bytes)?;
+    let mut index: Value = serde_json::from_slice(index_bytes)?;
     index["manifests"][position]["digest"] = Value::from(new_digest.as_str());
     index["manifests"][position]["size"] = Value::from(new_manifest.len());
     fs::write(dir.join("index.json"), serde_json::to_vec(&index)?)
         .with_context(|| format!("cannot write {}/index.json", dir.display()))?;
     // The builder's copies are unreferenced now; a base layer is tens of GB.
-    dropped.push(top.digest.clone());
+    dropped.push(old_digest.to_owned());
     for d in dropped.iter().filter(|d| **d != new_digest) {
         let path = blob_path(dir, d)?;
         if path.exists() {
             fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
         }
     }
-    Ok(adopted)
+    Ok(())
 }
 
 fn diff_ids(config: &[u8], what: &str) -> anyhow::Result<Vec<String>> {

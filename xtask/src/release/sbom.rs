@@ -63,29 +63,7 @@ pub fn generate(metadata: &Value, lock: &str, source_date_epoch: i64) -> anyhow:
         .as_str()
         .ok_or_else(|| format_err!("cargo metadata has no root package: run it on the crate"))?;
 
-    // Reachable through normal and build dependencies, each with its direct dependencies.
-    let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    let mut todo = vec![root];
-    while let Some(id) = todo.pop() {
-        if graph.contains_key(id) {
-            continue;
-        }
-        let node = nodes
-            .get(id)
-            .ok_or_else(|| format_err!("{id} is not in the resolve graph"))?;
-        let mut direct = BTreeSet::new();
-        for dep in node["deps"].as_array().into_iter().flatten() {
-            let kinds = dep["dep_kinds"].as_array().into_iter().flatten();
-            let shipped = kinds
-                .clone()
-                .any(|k| k["kind"].is_null() || k["kind"] == "build");
-            if let (true, Some(pkg)) = (shipped, dep["pkg"].as_str()) {
-                direct.insert(pkg);
-                todo.push(pkg);
-            }
-        }
-        graph.insert(id, direct);
-    }
+    let graph = shipped_graph(&nodes, root)?;
 
     let mut refs = BTreeMap::new();
     let mut components = Vec::new();
@@ -100,15 +78,7 @@ pub fn generate(metadata: &Value, lock: &str, source_date_epoch: i64) -> anyhow:
         }
     }
     components.sort_by(|a, b| a["bom-ref"].as_str().cmp(&b["bom-ref"].as_str()));
-    let mut dependencies: Vec<Value> = graph
-        .iter()
-        .map(|(id, deps)| {
-            let mut on: Vec<&Value> = deps.iter().filter_map(|d| refs.get(d)).collect();
-            on.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
-            json!({ "ref": refs[id], "dependsOn": on })
-        })
-        .collect();
-    dependencies.sort_by(|a, b| a["ref"].as_str().cmp(&b["ref"].as_str()));
+    let dependencies = dependency_list(&graph, &refs);
     let root_component = component(
         packages
             .get(root)
@@ -143,6 +113,54 @@ pub fn generate(metadata: &Value, lock: &str, source_date_epoch: i64) -> anyhow:
         );
     }
     Ok((serde_json::to_string_pretty(&bom)? + "\n").into_bytes())
+}
+
+/// The packages reachable from `root` through normal and build dependencies (what the wheel
+/// ships), each with its direct dependencies.
+fn shipped_graph<'a>(
+    nodes: &BTreeMap<&'a str, &'a Value>,
+    root: &'a str,
+) -> anyhow::Result<BTreeMap<&'a str, BTreeSet<&'a str>>> {
+    let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut todo = vec![root];
+    while let Some(id) = todo.pop() {
+        if graph.contains_key(id) {
+            continue;
+        }
+        let node = nodes
+            .get(id)
+            .ok_or_else(|| format_err!("{id} is not in the resolve graph"))?;
+        let mut direct = BTreeSet::new();
+        for dep in node["deps"].as_array().into_iter().flatten() {
+            let kinds = dep["dep_kinds"].as_array().into_iter().flatten();
+            let shipped = kinds
+                .clone()
+                .any(|k| k["kind"].is_null() || k["kind"] == "build");
+            if let (true, Some(pkg)) = (shipped, dep["pkg"].as_str()) {
+                direct.insert(pkg);
+                todo.push(pkg);
+            }
+        }
+        graph.insert(id, direct);
+    }
+    Ok(graph)
+}
+
+/// CycloneDX `dependencies`, sorted so the SBOM is the same bytes on every run.
+fn dependency_list(
+    graph: &BTreeMap<&str, BTreeSet<&str>>,
+    refs: &BTreeMap<&str, Value>,
+) -> Vec<Value> {
+    let mut dependencies: Vec<Value> = graph
+        .iter()
+        .map(|(id, deps)| {
+            let mut on: Vec<&Value> = deps.iter().filter_map(|d| refs.get(d)).collect();
+            on.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+            json!({ "ref": refs[id], "dependsOn": on })
+        })
+        .collect();
+    dependencies.sort_by(|a, b| a["ref"].as_str().cmp(&b["ref"].as_str()));
+    dependencies
 }
 
 /// One package as a CycloneDX component.
