@@ -628,18 +628,7 @@ impl Config {
                     n => Ok(n),
                 }
             };
-        // A switch whose unset or empty value keeps `default` (an empty value is not a
-        // request to change it).
-        let switch =
-            |var: &'static str, default: bool, expected: &str| -> Result<bool, ConfigError> {
-                match get(var).map(|v| v.trim().to_ascii_lowercase()).as_deref() {
-                    None | Some("") => Ok(default),
-                    Some("0" | "false" | "no" | "off") => Ok(false),
-                    Some("1" | "true" | "yes" | "on") => Ok(true),
-                    Some(_) => Err(env.error(var, expected)),
-                }
-            };
-        ipc.disable = switch(
+        ipc.disable = env.switch(
             "MC_DISABLE_IPC",
             false,
             "1 to turn same-host GPU IPC off for tcp/rdma peers, 0 or unset to keep it",
@@ -665,7 +654,7 @@ impl Config {
         if let Some(n) = ranged("MC_IPC_REVOKE_TIMEOUT", 1, 600, "whole seconds")? {
             ipc.revoke_timeout = Duration::from_secs(n);
         }
-        ipc.batch_copy = switch(
+        ipc.batch_copy = env.switch(
             "MC_IPC_BATCH_COPY",
             true,
             "0 for one device copy per scattered slice, 1 or unset for batches",
@@ -715,10 +704,16 @@ pub fn hca_filter(get: &dyn Fn(&str) -> Option<String>) -> (Option<HcaFilter>, O
 }
 
 fn is_false_word(v: &str) -> bool {
-    matches!(
-        v.trim().to_ascii_lowercase().as_str(),
-        "0" | "false" | "no" | "off"
-    )
+    switch_word(v) == Some(false)
+}
+
+/// The words every on/off variable takes, in any case.
+fn switch_word(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
 }
 
 /// Logs `msg` as a warning the first time this process sees it.
@@ -775,11 +770,25 @@ impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
     fn flag(&self, var: &'static str) -> Result<bool, ConfigError> {
         match (self.get)(var) {
             None => Ok(false),
-            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "" | "1" | "true" | "yes" | "on" => Ok(true),
-                "0" | "false" | "no" | "off" => Ok(false),
-                _ => Err(self.error(var, "1/true/yes/on or 0/false/no/off")),
-            },
+            Some(v) if v.trim().is_empty() => Ok(true),
+            Some(v) => {
+                switch_word(&v).ok_or_else(|| self.error(var, "1/true/yes/on or 0/false/no/off"))
+            }
+        }
+    }
+
+    /// A switch whose unset or empty value keeps `default` (an empty value is not a
+    /// request to change it).
+    fn switch(
+        &self,
+        var: &'static str,
+        default: bool,
+        expected: &str,
+    ) -> Result<bool, ConfigError> {
+        match (self.get)(var) {
+            None => Ok(default),
+            Some(v) if v.trim().is_empty() => Ok(default),
+            Some(v) => switch_word(&v).ok_or_else(|| self.error(var, expected)),
         }
     }
 }
