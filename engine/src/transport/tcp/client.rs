@@ -13,7 +13,7 @@
 //! a peer that refuses connections fails queued slices at once instead of once per
 //! connect timeout.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -25,11 +25,12 @@ use parking_lot::{Condvar, Mutex};
 
 use super::budget::{LaneBudget, Membership};
 use super::cut_reader::CutStream;
+use super::read_ahead::ReadAhead;
 use crate::config::Config;
 use crate::error::TransferError;
-use crate::memory::{Abort, SocketCut};
+use crate::memory::{Abort, MemSpan, SocketCut};
 use crate::transport::{Held, Slice};
-use crate::wire::tcp::{OpCode, RequestHeader, Status, STATUS_LEN};
+use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN, STATUS_LEN};
 
 /// How long a failed connect keeps failing new slices without retrying.
 const DEAD_PEER_HOLD: Duration = Duration::from_millis(500);
@@ -258,6 +259,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
     // within microseconds, so look for it awake. Under load the queue is rarely empty and
     // a spinning thread would only take a CPU from one with work.
     let mut lone = false;
+    let mut group = Vec::new();
     loop {
         shared
             .lanes
@@ -267,7 +269,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
             break;
         }
         if let Some(c) = conn.as_ref() {
-            c.pending.wait_below(READ_BYTES_PER_LANE, &c.broken);
+            c.pending.wait_below(READ_BYTES_PER_LANE, &c.replies.broken);
         }
         let spin = if lone { shared.spin } else { Duration::ZERO };
         let Ok(LaneMsg::Work(slice)) = next(&rx, spin) else {
@@ -309,15 +311,34 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
             }
         }
         let Some(c) = conn.as_mut() else { continue };
-        match slice.take(&c.holder, &mut c.last_batch) {
-            Some(held) => lone = c.send(held, &shared, rx.is_empty()),
-            // Finished by `take` (canceled batch or unregistered buffer).
-            None => {
-                shared.busy.fetch_sub(1, Ordering::AcqRel);
+        let Some(held) = c.take(slice, &shared) else {
+            continue;
+        };
+        if held.slice().local_device.is_some() || rx.is_empty() {
+            lone = c.send(held, &shared, rx.is_empty());
+            continue;
+        }
+        group.push(held);
+        let stop = c.gather(&mut group, &rx, &shared);
+        if group.len() == 1 {
+            if let Some(held) = group.pop() {
+                lone = c.send(held, &shared, rx.is_empty());
             }
+        } else {
+            c.send_group(&mut group, &shared);
+        }
+        if stop {
+            break;
         }
     }
 }
+
+/// Requests sent together in one `sendmsg` at most (the queue permitting): fewer system
+/// calls, segments and wake-ups of the peer per request when many small ones are queued.
+const GROUP_REQUESTS: usize = 16;
+/// Payload bytes of writes sent together at most: beyond this a request is large enough
+/// to carry its own system call.
+const GROUP_BYTES: u64 = 256 << 10;
 
 struct Conn {
     id: u64,
@@ -330,8 +351,18 @@ struct Conn {
     inflight: Option<Sender<Held>>,
     /// Slices handed to the receiver whose reply it has not read yet.
     pending: Arc<InFlight>,
-    broken: Arc<AtomicBool>,
+    replies: Arc<Replies>,
     receiver: Option<JoinHandle<()>>,
+}
+
+/// The reading side of a connection, shared by its two readers of replies: the receiver
+/// thread, and the lane for a lone request (only while nothing else is owed, so they
+/// never read at once).
+struct Replies {
+    stream: TcpStream,
+    cut: Arc<SocketCut>,
+    broken: AtomicBool,
+    ahead: Mutex<ReadAhead>,
 }
 
 impl Conn {
@@ -341,16 +372,20 @@ impl Conn {
         stream.set_read_timeout(Some(shared.io_timeout))?;
         stream.set_write_timeout(Some(shared.io_timeout))?;
         let (tx, rx) = bounded(shared.depth);
-        let broken = Arc::new(AtomicBool::new(false));
         let pending = Arc::new(InFlight::default());
-        let read_half = stream.try_clone()?;
         let cut = Arc::new(SocketCut::new(stream.try_clone()?));
+        let replies = Arc::new(Replies {
+            stream: stream.try_clone()?,
+            cut: cut.clone(),
+            broken: AtomicBool::new(false),
+            ahead: Mutex::new(ReadAhead::default()),
+        });
         let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
         shared.open.lock().push((id, cut.clone()));
-        let (s, b, c, p) = (shared.clone(), broken.clone(), cut.clone(), pending.clone());
+        let (s, r, p) = (shared.clone(), replies.clone(), pending.clone());
         let receiver = std::thread::Builder::new()
             .name(format!("te-recv-{}", shared.peer.port()))
-            .spawn(move || receive(read_half, rx, b, c, p, s));
+            .spawn(move || receive(&r, rx, p, s));
         let receiver = match receiver {
             Ok(r) => r,
             Err(e) => {
@@ -367,30 +402,105 @@ impl Conn {
             cut,
             inflight: Some(tx),
             pending,
-            broken,
+            replies,
             receiver: Some(receiver),
         })
     }
 
     fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::Acquire) || self.cut.is_cut()
+        self.replies.broken.load(Ordering::Acquire) || self.cut.is_cut()
     }
 
     fn break_off(&self) {
-        self.broken.store(true, Ordering::Release);
+        self.replies.broken.store(true, Ordering::Release);
         let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
+    /// Takes `slice` for I/O on this connection; `None` if it was finished instead
+    /// (canceled batch or unregistered buffer).
+    fn take(&mut self, slice: Slice, shared: &LinkShared) -> Option<Held> {
+        let held = slice.take(&self.holder, &mut self.last_batch);
+        if held.is_none() {
+            shared.busy.fetch_sub(1, Ordering::AcqRel);
+        }
+        held
+    }
+
+    /// Adds to `group` the host-memory slices queued behind its first, within
+    /// [`GROUP_REQUESTS`], [`GROUP_BYTES`], the pipeline depth and this lane's share of
+    /// reads owed. A slice that cannot join (device memory) goes back to the queue for
+    /// any lane; true if a stop was taken off the queue.
+    fn gather(
+        &mut self,
+        group: &mut Vec<Held>,
+        rx: &Receiver<LaneMsg>,
+        shared: &LinkShared,
+    ) -> bool {
+        let cap = GROUP_REQUESTS.min(shared.depth.max(1));
+        let mut bytes: u64 = group.iter().map(|h| write_bytes(h.slice())).sum();
+        let mut owed = self.pending.bytes.load(Ordering::Acquire)
+            + group.iter().map(|h| owed_bytes(h.slice())).sum::<u64>();
+        while group.len() < cap && bytes < GROUP_BYTES && owed < READ_BYTES_PER_LANE {
+            let slice = match rx.try_recv() {
+                Ok(LaneMsg::Work(slice)) => slice,
+                Ok(LaneMsg::Stop) => return true,
+                Err(_) => break,
+            };
+            if slice.local_device.is_some() {
+                if let Err(e) = shared.tx.send(LaneMsg::Work(slice)) {
+                    if let LaneMsg::Work(s) = e.into_inner() {
+                        shared.fail(s, TransferError::Canceled("the engine shut down"));
+                    }
+                }
+                break;
+            }
+            if slice.batch.is_canceled() {
+                shared.fail(
+                    slice,
+                    TransferError::Canceled("its batch was canceled (deadline or interrupt)"),
+                );
+                continue;
+            }
+            if let Some(held) = self.take(slice, shared) {
+                bytes += write_bytes(held.slice());
+                owed += owed_bytes(held.slice());
+                group.push(held);
+            }
+        }
+        false
+    }
+
+    /// Sends the requests of `group` in one go and hands them to the receiver.
+    fn send_group(&mut self, group: &mut Vec<Held>, shared: &LinkShared) {
+        let headers: Vec<[u8; HEADER_LEN]> = group
+            .iter()
+            .map(|h| header_of(h.slice(), shared.v2))
+            .collect();
+        let pieces: Vec<(&[u8], Option<MemSpan>)> = group
+            .iter()
+            .zip(&headers)
+            .map(|(h, head)| {
+                let payload = (h.slice().op == OpCode::Write).then(|| h.local_span());
+                (head.as_slice(), payload)
+            })
+            .collect();
+        if let Err(e) = MemSpan::send_pieces(&self.stream, &pieces, &self.cut) {
+            tracing::debug!("send to {} failed: {e}", shared.peer);
+            self.break_off();
+            for held in group.drain(..) {
+                shared.retry_or_fail(held, &format!("send failed: {e}"));
+            }
+            return;
+        }
+        for held in group.drain(..) {
+            self.sent(held, shared);
+        }
     }
 
     /// Sends `held`; true if it was a lone small request whose reply was read here.
     fn send(&mut self, held: Held, shared: &LinkShared, queue_empty: bool) -> bool {
         let s = held.slice();
-        let header = RequestHeader {
-            size: s.len,
-            addr: s.remote,
-            opcode: s.op,
-            v2: shared.v2,
-        }
-        .encode();
+        let header = header_of(s, shared.v2);
         let sent = match (s.op, s.local_device) {
             (OpCode::Write, None) => held.local_span().send_to(&self.stream, &header, &self.cut),
             (OpCode::Write, Some(device)) => crate::device::staging::send_from(
@@ -415,25 +525,31 @@ impl Conn {
             shared.retry_or_fail(held, &format!("send failed: {e}"));
             return false;
         }
-        if !shared.v2 && held.slice().op == OpCode::Write {
-            // v1 writes carry no acknowledgement: done once the bytes left.
-            shared.complete(held, Ok(()));
-            return false;
-        }
         // Nothing else queued and no reply outstanding on this connection (the receiver
         // has read every earlier one): this reply is the next on the socket, and reading it
         // here saves waking the receiver thread, a cross-core hand-off per request that
         // dominates small single requests on hosts with many cores.
-        if queue_empty && self.pending.is_empty() {
+        if queue_empty && self.pending.is_empty() && (shared.v2 || held.slice().op == OpCode::Read)
+        {
             let small = held.slice().len <= super::spin::SMALL_REQUEST;
             let spin = if small { shared.spin } else { Duration::ZERO };
-            let settled = settle(&self.stream, held, shared, &self.cut, &self.broken, spin);
+            let settled = settle(&self.replies, held, shared, spin);
             return small && settled.is_none();
         }
-        // The payload is out: from here the receiver owns the slice and its memory.
+        self.sent(held, shared);
+        false
+    }
+
+    /// `held` is out: a v1 write is done (v1 acknowledges nothing), anything else is the
+    /// receiver's from now on, slice and memory.
+    fn sent(&mut self, held: Held, shared: &LinkShared) {
+        if !shared.v2 && held.slice().op == OpCode::Write {
+            shared.complete(held, Ok(()));
+            return;
+        }
         let Some(inflight) = self.inflight.as_ref() else {
             shared.retry_or_fail(held, "connection closed");
-            return false;
+            return;
         };
         let owed = owed_bytes(held.slice());
         self.pending.add(owed);
@@ -442,7 +558,6 @@ impl Conn {
             self.break_off();
             shared.retry_or_fail(e.into_inner(), "receiver stopped");
         }
-        false
     }
 }
 
@@ -513,6 +628,24 @@ impl InFlight {
     }
 }
 
+fn header_of(s: &Slice, v2: bool) -> [u8; HEADER_LEN] {
+    RequestHeader {
+        size: s.len,
+        addr: s.remote,
+        opcode: s.op,
+        v2,
+    }
+    .encode()
+}
+
+/// Payload bytes a slice's request carries: a write's data.
+fn write_bytes(slice: &Slice) -> u64 {
+    match slice.op {
+        OpCode::Write => slice.len,
+        OpCode::Read => 0,
+    }
+}
+
 /// Bytes the peer still owes for a slice once its request is sent: a read's data.
 fn owed_bytes(slice: &Slice) -> u64 {
     match slice.op {
@@ -526,14 +659,7 @@ enum Reply {
     Rejected,
 }
 
-fn receive(
-    stream: TcpStream,
-    rx: Receiver<Held>,
-    broken: Arc<AtomicBool>,
-    cut: Arc<SocketCut>,
-    pending: Arc<InFlight>,
-    shared: Arc<LinkShared>,
-) {
+fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared: Arc<LinkShared>) {
     let mut failure: Option<String> = None;
     // Never spins: it serves pipelined requests, where spinning took CPUs from threads
     // with work (15% of 64 KiB throughput on the 16-core host).
@@ -541,7 +667,7 @@ fn receive(
         let owed = owed_bytes(held.slice());
         match &failure {
             Some(why) => shared.retry_or_fail(held, why),
-            None => failure = settle(&stream, held, &shared, &cut, &broken, Duration::ZERO),
+            None => failure = settle(replies, held, &shared, Duration::ZERO),
         }
         // After the reply was read: the lane may now read the next one itself.
         pending.done(owed);
@@ -551,21 +677,23 @@ fn receive(
 /// Reads the reply to `held` (looking for it awake for `spin` first) and completes it; on
 /// a broken connection, marks it `broken`, shuts the socket down and returns why (later
 /// slices in flight on it cannot succeed).
-fn settle(
-    stream: &TcpStream,
-    held: Held,
-    shared: &LinkShared,
-    cut: &SocketCut,
-    broken: &AtomicBool,
-    spin: Duration,
-) -> Option<String> {
+fn settle(replies: &Replies, held: Held, shared: &LinkShared, spin: Duration) -> Option<String> {
+    let Replies {
+        stream,
+        cut,
+        broken,
+        ahead,
+    } = replies;
+    let mut ahead = ahead.lock();
     // A lone small request's reply comes within microseconds: wait for it awake. An error
     // here shows again in the read below.
-    super::spin::spin_for(spin, || {
-        crate::net::wait_readable(stream, Duration::ZERO)
-            .map_or(Some(()), |ready| ready.then_some(()))
-    });
-    match read_reply(stream, &held, shared.v2, cut) {
+    if ahead.buffered() == 0 {
+        super::spin::spin_for(spin, || {
+            crate::net::wait_readable(stream, Duration::ZERO)
+                .map_or(Some(()), |ready| ready.then_some(()))
+        });
+    }
+    match read_reply(stream, &held, shared.v2, cut, &mut ahead) {
         Ok(Reply::Done) => {
             shared.complete(held, Ok(()));
             None
@@ -627,11 +755,14 @@ fn read_reply(
     held: &Held,
     v2: bool,
     cut: &SocketCut,
+    ahead: &mut ReadAhead,
 ) -> Result<Reply, ReplyError> {
-    let mut own = CutStream { stream, cut };
+    let own = CutStream { stream, cut };
     if v2 {
-        let mut status = [0u8; STATUS_LEN];
-        own.read_exact(&mut status).map_err(ReplyError::Io)?;
+        let status = ahead
+            .take::<STATUS_LEN>(&mut own.clone())
+            .map_err(ReplyError::Io)?
+            .ok_or_else(|| ReplyError::Io(io::ErrorKind::UnexpectedEof.into()))?;
         match Status::decode(&status).map_err(|e| ReplyError::Protocol(e.to_string()))? {
             Status::Ok => {}
             Status::AddrRejected => return Ok(Reply::Rejected),
@@ -640,10 +771,13 @@ fn read_reply(
     let s = held.slice();
     if s.op == OpCode::Read {
         match s.local_device {
-            Some(device) => {
-                crate::device::staging::receive_into(device, &mut own, s.local, s.len as usize)
-            }
-            None => held.local_span().recv_from(stream, cut),
+            Some(device) => crate::device::staging::receive_into(
+                device,
+                &mut ahead.reader(own),
+                s.local,
+                s.len as usize,
+            ),
+            None => ahead.recv_span(stream, cut, held.local_span(), None),
         }
         .map_err(ReplyError::Io)?;
     }

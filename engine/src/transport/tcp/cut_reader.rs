@@ -8,6 +8,7 @@ use std::net::TcpStream;
 use crate::memory::SocketCut;
 
 /// `stream`, checked against `cut` before every read and write.
+#[derive(Clone, Copy)]
 pub struct CutStream<'a> {
     pub(crate) stream: &'a TcpStream,
     pub(crate) cut: &'a SocketCut,

@@ -13,13 +13,14 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::cut_reader::CutStream;
+use super::read_ahead::ReadAhead;
 use crate::config::Config;
 use crate::conn_limit::ConnLimiter;
 use crate::log_throttle::LogThrottle;
 use crate::memory::{Abort, MemoryRegistry, SocketCut};
 use crate::metrics::ConnectionCounters as LinkCounters;
 use crate::net;
-use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN};
+use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN, STATUS_LEN};
 
 /// A running data-port listener; stops (and closes its connections) on drop.
 pub struct TcpServer {
@@ -179,47 +180,22 @@ fn serve(
         stream: &stream,
         cut,
     };
-    let mut header = [0u8; HEADER_LEN];
+    let mut ahead = ReadAhead::default();
+    let mut statuses = HeldStatuses::default();
     let mut scratch = Vec::new();
     // The last request was small: a client issuing small requests one after another sends
     // the next within microseconds. After large ones the time goes to moving bytes, and a
     // spinning thread would only take a CPU from one that moves them.
     let mut small = false;
     loop {
-        // Idle connections wait here until the idle timeout, and notice shutdown; after a
-        // small request, awake for a moment first.
-        cut.set_deadline(None);
-        let idle_since = Instant::now();
-        let spin = if small { shared.spin } else { Duration::ZERO };
-        let early = super::spin::spin_for(spin, || {
-            net::wait_readable(&stream, Duration::ZERO)
-                .map_or(Some(()), |ready| ready.then_some(()))
-        })
-        .is_some();
-        if !early {
-            loop {
-                if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
-                    return Ok(());
-                }
-                if net::wait_readable(&stream, Duration::from_millis(200))? {
-                    break;
-                }
-                if idle_since.elapsed() >= shared.idle_timeout {
-                    if let Some(left_out) = shared.idle_log.allow() {
-                        tracing::warn!(
-                            "data connection from {peer} closed: no request for {:?} (MC_TCP_SERVER_IDLE_TIMEOUT); {left_out} such lines left out",
-                            shared.idle_timeout
-                        );
-                    }
-                    return Ok(());
-                }
-            }
+        if !wait_for_request(&stream, peer, cut, shared, &ahead, small)? {
+            return Ok(());
         }
         // The header, once its first byte is here, within the I/O timeout.
         cut.set_deadline(Some(shared.io_timeout));
-        if !net::read_exact_or_eof(&mut own, &mut header)? {
+        let Some(header) = ahead.take::<HEADER_LEN>(&mut own)? else {
             return Ok(());
-        }
+        };
         let h = RequestHeader::decode(&header)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         small = h.size <= super::spin::SMALL_REQUEST;
@@ -238,9 +214,11 @@ fn serve(
                 // v1 has no way to say no: close, as upstream does.
                 return Ok(());
             }
-            own.write_all(&Status::AddrRejected.encode())?;
+            // Said at once, before the payload is drained: a peer may wait for it.
+            statuses.head(&Status::AddrRejected.encode());
+            statuses.flush(&mut own)?;
             if h.opcode == OpCode::Write {
-                discard(&mut own, h.size, &mut scratch)?;
+                discard(&mut ahead.reader(own), h.size, &mut scratch)?;
             }
             continue;
         };
@@ -250,22 +228,25 @@ fn serve(
             // Device memory: staged through pinned host buffers.
             match h.opcode {
                 OpCode::Write => {
+                    statuses.flush(&mut own)?;
                     crate::device::staging_pool::receive_into(
                         device,
-                        &mut own,
+                        &mut ahead.reader(own),
                         h.addr,
                         h.size as usize,
                     )?;
-                    own.write_all(status)?;
+                    statuses.answer(&mut own, status, &ahead)?;
                 }
                 OpCode::Read => {
+                    let head = statuses.head(status);
                     crate::device::staging_pool::send_from(
                         device,
                         &mut own,
-                        status,
+                        head,
                         h.addr,
                         h.size as usize,
                     )?;
+                    statuses.sent();
                 }
             }
             count_served(&shared.counters, h.opcode, h.size);
@@ -279,12 +260,117 @@ fn serve(
         })?;
         match h.opcode {
             OpCode::Write => {
-                span.recv_from(&stream, cut)?;
-                own.write_all(status)?;
+                // Statuses held back go out before this waits for the peer's bytes: a
+                // peer may wait for them before it sends more.
+                let held = !statuses.is_empty();
+                let mut send_held = || statuses.flush(&mut own.clone());
+                let before_wait =
+                    held.then_some(&mut send_held as &mut dyn FnMut() -> io::Result<()>);
+                ahead.recv_span(&stream, cut, span, before_wait)?;
+                statuses.answer(&mut own, status, &ahead)?;
             }
-            OpCode::Read => span.send_to(&stream, status, cut)?,
+            OpCode::Read => {
+                span.send_to(&stream, statuses.head(status), cut)?;
+                statuses.sent();
+            }
         }
         count_served(&shared.counters, h.opcode, h.size);
+    }
+}
+
+/// Waits for the next request's first byte: false once the server stops, the connection
+/// is cut or it stayed idle past `MC_TCP_SERVER_IDLE_TIMEOUT`. A pipelined request whose
+/// start came in with the last one's bytes is there already; after a small request the
+/// next is looked for awake for a moment first.
+fn wait_for_request(
+    stream: &TcpStream,
+    peer: SocketAddr,
+    cut: &SocketCut,
+    shared: &Shared,
+    ahead: &ReadAhead,
+    small: bool,
+) -> io::Result<bool> {
+    cut.set_deadline(None);
+    if ahead.buffered() > 0 {
+        return Ok(true);
+    }
+    let idle_since = Instant::now();
+    let spin = if small { shared.spin } else { Duration::ZERO };
+    let early = super::spin::spin_for(spin, || {
+        net::wait_readable(stream, Duration::ZERO).map_or(Some(()), |ready| ready.then_some(()))
+    });
+    if early.is_some() {
+        return Ok(true);
+    }
+    loop {
+        if shared.stop.load(Ordering::Acquire) || cut.is_cut() {
+            return Ok(false);
+        }
+        if net::wait_readable(stream, Duration::from_millis(200))? {
+            return Ok(true);
+        }
+        if idle_since.elapsed() >= shared.idle_timeout {
+            if let Some(left_out) = shared.idle_log.allow() {
+                tracing::warn!(
+                    "data connection from {peer} closed: no request for {:?} (MC_TCP_SERVER_IDLE_TIMEOUT); {left_out} such lines left out",
+                    shared.idle_timeout
+                );
+            }
+            return Ok(false);
+        }
+    }
+}
+
+/// Statuses held back at most.
+const HELD_STATUSES: usize = 16;
+/// A status is held back only while the request after it, already here, is at most this
+/// large: its own status follows soon after.
+const HOLD_FOR_BYTES: u64 = 256 << 10;
+
+/// Statuses of pipelined requests, held back while the next request is already here, so
+/// that several leave in one `send` (and wake the peer's receiver once).
+#[derive(Default)]
+struct HeldStatuses {
+    bytes: Vec<u8>,
+}
+
+impl HeldStatuses {
+    /// Answers a request with `status` (empty for v1): held back while the next request is
+    /// buffered whole and small, else sent with those held before it.
+    fn answer(&mut self, own: &mut CutStream, status: &[u8], ahead: &ReadAhead) -> io::Result<()> {
+        self.bytes.extend_from_slice(status);
+        let next_small = ahead
+            .peek::<HEADER_LEN>()
+            .and_then(|h| RequestHeader::decode(&h).ok())
+            .is_some_and(|h| h.size <= HOLD_FOR_BYTES);
+        if next_small && self.bytes.len() < HELD_STATUSES * STATUS_LEN {
+            return Ok(());
+        }
+        self.flush(own)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    fn flush(&mut self, own: &mut CutStream) -> io::Result<()> {
+        if !self.bytes.is_empty() {
+            own.write_all(&self.bytes)?;
+            self.bytes.clear();
+        }
+        Ok(())
+    }
+
+    /// The statuses held, then `status`: the head of a reply that carries data. Cleared
+    /// by the next [`answer`](Self::answer) or [`sent`](Self::sent).
+    fn head(&mut self, status: &[u8]) -> &[u8] {
+        self.bytes.extend_from_slice(status);
+        &self.bytes
+    }
+
+    /// The head was sent.
+    fn sent(&mut self) {
+        self.bytes.clear();
     }
 }
 

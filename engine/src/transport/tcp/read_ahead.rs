@@ -1,0 +1,250 @@
+//! A small buffer in front of a connection's socket, so that the system call that
+//! finishes one message also brings in the start of the next when the peer already sent
+//! it: a pipelined header (server) or status (client) then costs no `poll` and no `recv`
+//! of its own. Payloads still go straight between the socket and their memory; at most
+//! [`READ_AHEAD`] bytes of one are copied through here.
+//!
+//! What a peer can make this spend is the fixed buffer: bytes are only read ahead into
+//! its free room, and a message is taken out only once it is whole.
+
+use std::io::{self, Read};
+use std::net::TcpStream;
+
+use super::cut_reader::CutStream;
+use crate::memory::{MemSpan, SocketCut};
+
+/// Bytes read ahead at most: a lone 4 KiB request or reply with its header fits, so it
+/// arrives in one `recv`.
+pub const READ_AHEAD: usize = 8 << 10;
+
+/// Bytes received and not yet taken.
+pub struct ReadAhead {
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+}
+
+impl Default for ReadAhead {
+    fn default() -> Self {
+        Self {
+            buf: vec![0; READ_AHEAD].into_boxed_slice(),
+            start: 0,
+            end: 0,
+        }
+    }
+}
+
+impl ReadAhead {
+    /// Bytes buffered.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Takes the next `N` bytes, reading from `stream` until they are here (whatever
+    /// else the socket holds comes along, up to the buffer's room). `Ok(None)`: the peer
+    /// closed the connection before the first of them.
+    pub fn take<const N: usize>(&mut self, stream: &mut CutStream) -> io::Result<Option<[u8; N]>> {
+        const { assert!(N <= READ_AHEAD) };
+        if self.buffered() < N && self.buf.len() - self.start < N {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        while self.buffered() < N {
+            let room = self.buf.get_mut(self.end..).unwrap_or_default();
+            match stream.read(room) {
+                Ok(0) if self.buffered() == 0 => return Ok(None),
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.buf.get(self.start..self.start + N).unwrap_or_default());
+        self.start += N;
+        Ok(Some(out))
+    }
+
+    /// The next `N` bytes, left in place, if they are all here.
+    pub fn peek<const N: usize>(&self) -> Option<[u8; N]> {
+        let bytes = self.buf.get(self.start..self.start.checked_add(N)?)?;
+        if self.start + N > self.end {
+            return None;
+        }
+        let mut out = [0u8; N];
+        out.copy_from_slice(bytes);
+        Some(out)
+    }
+
+    /// Fills `span`: the buffered bytes first, the rest straight from the socket, with
+    /// whatever follows it read ahead into the buffer by the same system calls;
+    /// `before_wait` as [`MemSpan::recv_with_spare`].
+    pub fn recv_span(
+        &mut self,
+        stream: &TcpStream,
+        cut: &SocketCut,
+        span: MemSpan,
+        before_wait: Option<&mut dyn FnMut() -> io::Result<()>>,
+    ) -> io::Result<()> {
+        let have = self.buffered().min(span.len());
+        if have > 0 {
+            let from = self
+                .buf
+                .get(self.start..self.start + have)
+                .unwrap_or_default();
+            span.write_from(from)
+                .map_err(|e| io::Error::other(format!("read-ahead copy: {e:?}")))?;
+            self.start += have;
+        }
+        let rest = span.tail(have);
+        if rest.is_empty() {
+            return cut.check();
+        }
+        // The buffer is empty now (the span took all of it).
+        self.start = 0;
+        self.end = rest.recv_with_spare(stream, cut, &mut self.buf, before_wait)?;
+        Ok(())
+    }
+
+    /// `stream` read through this buffer, for readers that take bytes by [`Read`]
+    /// (staging of device memory, discarding a rejected payload).
+    pub fn reader<'a>(&'a mut self, stream: CutStream<'a>) -> Through<'a> {
+        Through {
+            ahead: self,
+            stream,
+        }
+    }
+}
+
+/// See [`ReadAhead::reader`].
+pub struct Through<'a> {
+    ahead: &'a mut ReadAhead,
+    stream: CutStream<'a>,
+}
+
+impl Read for Through<'_> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let a = &mut *self.ahead;
+        if a.buffered() == 0 {
+            return self.stream.read(out);
+        }
+        let n = a.buffered().min(out.len());
+        let (Some(dst), Some(src)) = (out.get_mut(..n), a.buf.get(a.start..a.start + n)) else {
+            return Ok(0);
+        };
+        dst.copy_from_slice(src);
+        a.start += n;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing, reason = "tests index known-good data")]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    fn pair() -> (TcpStream, TcpStream, SocketCut) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        let cut = SocketCut::new(a.try_clone().unwrap());
+        (a, b, cut)
+    }
+
+    /// A peer that sends a message a byte at a time: it is taken whole once all is here.
+    #[test]
+    fn a_message_in_dribbles_is_taken_whole() {
+        let (a, mut b, cut) = pair();
+        let t = std::thread::spawn(move || {
+            for byte in 1..=24u8 {
+                b.write_all(&[byte]).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            b
+        });
+        let mut ahead = ReadAhead::default();
+        let mut own = CutStream {
+            stream: &a,
+            cut: &cut,
+        };
+        let got = ahead.take::<24>(&mut own).unwrap().unwrap();
+        assert_eq!(got.to_vec(), (1..=24u8).collect::<Vec<_>>());
+        assert_eq!(ahead.buffered(), 0);
+        // Closed before a message: none; closed inside one: an error.
+        drop(t.join().unwrap());
+        assert!(ahead.take::<8>(&mut own).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_close_inside_a_message_is_an_error() {
+        let (a, mut b, cut) = pair();
+        b.write_all(&[1, 2, 3]).unwrap();
+        drop(b);
+        let mut ahead = ReadAhead::default();
+        let mut own = CutStream {
+            stream: &a,
+            cut: &cut,
+        };
+        let err = ahead.take::<8>(&mut own).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    /// Header, payload and the next header sent together: one `take` brings the payload's
+    /// start, `recv_span` the rest and the next header, which is then taken without
+    /// reading; the span gets its bytes and no more.
+    #[test]
+    fn a_pipelined_stream_is_split_at_its_messages() {
+        let (a, mut b, cut) = pair();
+        let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut wire = b"HEADER-1".to_vec();
+        wire.extend_from_slice(&payload);
+        wire.extend_from_slice(b"HEADER-2");
+        b.write_all(&wire).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let mut ahead = ReadAhead::default();
+        let mut own = CutStream {
+            stream: &a,
+            cut: &cut,
+        };
+        assert_eq!(&ahead.take::<8>(&mut own).unwrap().unwrap(), b"HEADER-1");
+        assert!(ahead.buffered() > 0, "the payload's start came along");
+        let mut dst = vec![0u8; payload.len() + 16];
+        // SAFETY: `dst` outlives the span.
+        let span = unsafe { MemSpan::new(dst.as_mut_ptr() as u64, payload.len()) };
+        ahead.recv_span(&a, &cut, span, None).unwrap();
+        assert!(dst[..payload.len()] == payload[..]);
+        assert!(dst[payload.len()..].iter().all(|&x| x == 0));
+        assert_eq!(ahead.peek::<8>(), Some(*b"HEADER-2"));
+        // Taken from the buffer: the socket is empty and the peer silent, so a read
+        // would block.
+        a.set_nonblocking(true).unwrap();
+        assert_eq!(&ahead.take::<8>(&mut own).unwrap().unwrap(), b"HEADER-2");
+        assert_eq!(ahead.peek::<1>(), None);
+    }
+
+    /// A peer that floods the socket: only the buffer's room is read, whatever it sends.
+    #[test]
+    fn a_flood_fills_the_buffer_and_no_more() {
+        let (a, mut b, cut) = pair();
+        let t = std::thread::spawn(move || {
+            let _ = b.write_all(&vec![5u8; 1 << 20]);
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let mut ahead = ReadAhead::default();
+        let mut own = CutStream {
+            stream: &a,
+            cut: &cut,
+        };
+        ahead.take::<8>(&mut own).unwrap().unwrap();
+        assert!(ahead.buffered() <= READ_AHEAD - 8);
+        let mut small = [0u8; 100];
+        let n = ahead.reader(own).read(&mut small).unwrap();
+        assert_eq!(n, 100);
+        drop(a);
+        t.join().unwrap();
+    }
+}

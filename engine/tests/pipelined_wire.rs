@@ -1,0 +1,150 @@
+//! The data server with pipelined requests, driven by a raw-socket client (a stand-in
+//! for our own lanes, which send several requests in one `sendmsg`, and for upstream's
+//! client, which waits for each status before the next request).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use transfer_engine::wire::tcp::{RequestHeader, Status, HEADER_LEN, STATUS_LEN};
+use transfer_engine::{Config, HostBuffer, OpCode, TransferEngine};
+
+const LEN: usize = 4 << 20;
+
+fn target() -> (TransferEngine, HostBuffer, SocketAddr) {
+    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let buf = HostBuffer::new(LEN);
+    e.register_memory(buf.addr(), LEN as u64, "cpu:0").unwrap();
+    let data = format!("127.0.0.1:{}", e.data_port()).parse().unwrap();
+    (e, buf, data)
+}
+
+fn header(op: OpCode, addr: u64, size: usize) -> [u8; HEADER_LEN] {
+    RequestHeader {
+        size: size as u64,
+        addr,
+        opcode: op,
+        v2: true,
+    }
+    .encode()
+}
+
+fn status(s: &mut TcpStream) -> Status {
+    let mut b = [0u8; STATUS_LEN];
+    s.read_exact(&mut b).unwrap();
+    Status::decode(&b).unwrap()
+}
+
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i * 31 + seed * 7) % 253) as u8)
+        .collect()
+}
+
+/// Writes of several sizes, one outside the buffer, and a read, all sent in one go: every
+/// status comes back, in order, and each byte lands where its request said.
+#[test]
+fn requests_sent_in_one_go_are_answered_in_order() {
+    let (_e, buf, data) = target();
+    let sizes = [
+        1usize,
+        100,
+        4096,
+        32 << 10,
+        8 << 10,
+        300 << 10,
+        24,
+        64 << 10,
+    ];
+    let mut wire = Vec::new();
+    let mut off = 0usize;
+    let mut placed = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let bytes = pattern(i, n);
+        wire.extend_from_slice(&header(OpCode::Write, buf.addr() + off as u64, n));
+        wire.extend_from_slice(&bytes);
+        placed.push((off, bytes));
+        off += n + 13;
+        if i == 3 {
+            // Outside every registered buffer: rejected, its payload drained.
+            wire.extend_from_slice(&header(OpCode::Write, 0x10, 5000));
+            wire.extend_from_slice(&[0xEE; 5000]);
+        }
+    }
+    let (read_off, read_len) = placed[4].clone();
+    let read_len = read_len.len();
+    wire.extend_from_slice(&header(
+        OpCode::Read,
+        buf.addr() + read_off as u64,
+        read_len,
+    ));
+    let mut s = TcpStream::connect(data).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&wire).unwrap();
+    for i in 0..sizes.len() {
+        assert_eq!(status(&mut s), Status::Ok, "write {i}");
+        if i == 3 {
+            assert_eq!(status(&mut s), Status::AddrRejected, "the write outside");
+        }
+    }
+    assert_eq!(status(&mut s), Status::Ok, "the read");
+    let mut got = vec![0u8; read_len];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got, placed[4].1);
+    let mut landed = vec![0u8; LEN];
+    // SAFETY: the buffer is ours and no transfer runs now.
+    unsafe { std::ptr::copy_nonoverlapping(buf.addr() as *const u8, landed.as_mut_ptr(), LEN) };
+    for (off, bytes) in &placed {
+        assert!(
+            landed[*off..off + bytes.len()] == bytes[..],
+            "write at {off}"
+        );
+    }
+}
+
+/// A client that sends the next request's header early but its payload only once it
+/// has the last status (nothing in the protocol forbids it): it gets that status without
+/// waiting for the server's I/O timeout.
+#[test]
+fn a_status_is_not_held_back_from_a_client_that_waits_for_it() {
+    let (_e, buf, data) = target();
+    let mut s = TcpStream::connect(data).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut wire = header(OpCode::Write, buf.addr(), 4096).to_vec();
+    wire.extend_from_slice(&[1u8; 4096]);
+    wire.extend_from_slice(&header(OpCode::Write, buf.addr() + 8192, 32 << 10));
+    s.write_all(&wire).unwrap();
+    let t = Instant::now();
+    assert_eq!(status(&mut s), Status::Ok);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    s.write_all(&[2u8; 32 << 10]).unwrap();
+    assert_eq!(status(&mut s), Status::Ok);
+}
+
+/// Upstream's client: one request, its status, then the next, on one connection.
+#[test]
+fn one_request_at_a_time_is_answered_each_time() {
+    let (_e, buf, data) = target();
+    let mut s = TcpStream::connect(data).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for i in 0..50usize {
+        let n = 1 + i * 1000;
+        let bytes = pattern(i, n);
+        let mut wire = header(OpCode::Write, buf.addr(), n).to_vec();
+        wire.extend_from_slice(&bytes);
+        s.write_all(&wire).unwrap();
+        assert_eq!(status(&mut s), Status::Ok);
+        s.write_all(&header(OpCode::Read, buf.addr(), n)).unwrap();
+        assert_eq!(status(&mut s), Status::Ok);
+        let mut got = vec![0u8; n];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(got, bytes, "round {i}");
+    }
+}
