@@ -760,7 +760,7 @@ fn read_reply(
     let own = CutStream { stream, cut };
     if v2 {
         let status = ahead
-            .take::<STATUS_LEN>(&mut own.clone())
+            .take::<STATUS_LEN>(&mut own.clone(), owed_bytes(held.slice()))
             .map_err(ReplyError::Io)?
             .ok_or_else(|| ReplyError::Io(io::ErrorKind::UnexpectedEof.into()))?;
         match Status::decode(&status).map_err(|e| ReplyError::Protocol(e.to_string()))? {

@@ -193,7 +193,7 @@ fn serve(
         }
         // The header, once its first byte is here, within the I/O timeout.
         cut.set_deadline(Some(shared.io_timeout));
-        let Some(header) = ahead.take::<HEADER_LEN>(&mut own)? else {
+        let Some(header) = ahead.take::<HEADER_LEN>(&mut own, 0)? else {
             return Ok(());
         };
         let h = RequestHeader::decode(&header)
