@@ -118,6 +118,14 @@ impl MemSpan {
         self.len == 0
     }
 
+    /// The first `n` bytes of the span (all of it if shorter).
+    pub fn head(&self, n: usize) -> MemSpan {
+        MemSpan {
+            addr: self.addr,
+            len: n.min(self.len),
+        }
+    }
+
     /// The part of the span from byte `from` on (empty past the end).
     pub fn tail(&self, from: usize) -> MemSpan {
         let from = from.min(self.len);

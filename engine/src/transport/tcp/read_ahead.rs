@@ -17,6 +17,11 @@ use crate::memory::{MemSpan, SocketCut};
 /// arrives in one `recv`.
 pub const READ_AHEAD: usize = 8 << 10;
 
+const CACHE_LINE: u64 = 64;
+
+/// Payloads from this size on are received cache-line aligned (see `recv_span`).
+const REALIGN_FROM: usize = 64 << 10;
+
 /// Bytes read ahead behind a payload: room for the headers or statuses that follow it,
 /// little of the next payload (which would be copied once more through here; 8 KiB of
 /// each 32 KiB write is a quarter more copying).
@@ -114,12 +119,22 @@ impl ReadAhead {
                 .map_err(|e| io::Error::other(format!("read-ahead copy: {e:?}")))?;
             self.start += have;
         }
-        let rest = span.tail(have);
+        let mut rest = span.tail(have);
         if rest.is_empty() {
             return cut.check();
         }
         // The buffer is empty now (the span took all of it).
         self.start = 0;
+        self.end = 0;
+        // The kernel copies a large payload slower into memory that does not start on a
+        // cache line (4 MiB writes served 5-7% slower on the 2-core VM when the bytes taken
+        // from here left the rest 40 bytes off): the few bytes up to the next line first.
+        let skew = (rest.addr() % CACHE_LINE) as usize;
+        if skew != 0 && rest.len() >= REALIGN_FROM {
+            let lead = rest.head(CACHE_LINE as usize - skew);
+            lead.recv_from(stream, cut)?;
+            rest = rest.tail(lead.len());
+        }
         let spare = self.buf.get_mut(..AFTER_PAYLOAD).unwrap_or_default();
         self.end = rest.recv_with_spare(stream, cut, spare, before_wait)?;
         Ok(())
