@@ -107,7 +107,7 @@ impl ReadAhead {
         stream: &TcpStream,
         cut: &SocketCut,
         span: MemSpan,
-        before_wait: Option<&mut dyn FnMut() -> io::Result<()>>,
+        mut before_wait: Option<&mut dyn FnMut() -> io::Result<()>>,
     ) -> io::Result<()> {
         let have = self.buffered().min(span.len());
         if have > 0 {
@@ -131,6 +131,10 @@ impl ReadAhead {
         // from here left the rest 40 bytes off): the few bytes up to the next line first.
         let skew = (rest.addr() % CACHE_LINE) as usize;
         if skew != 0 && rest.len() >= REALIGN_FROM {
+            // This receive may wait: whatever the peer may be waiting for goes first.
+            if let Some(f) = before_wait.take() {
+                f()?;
+            }
             let lead = rest.head(CACHE_LINE as usize - skew);
             lead.recv_from(stream, cut)?;
             rest = rest.tail(lead.len());
