@@ -276,7 +276,8 @@ impl Default for Config {
     }
 }
 
-fn available_cpus() -> usize {
+/// CPUs this process may run on (its affinity mask and cgroup quota).
+pub fn available_cpus() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get())
 }
 
@@ -293,6 +294,19 @@ pub fn spin_for_cpus(cpus: usize) -> Duration {
         Duration::from_micros(50)
     } else {
         Duration::ZERO
+    }
+}
+
+/// Times a caller waiting for its batch looks for completion, yielding in between, before
+/// it sleeps: 64 from 8 CPUs on (a sleep and its wake-up cost more than a small request);
+/// none below, where each yield hands the CPU to no purpose while the lane and the peer's
+/// thread need both CPUs of 2: on the 2-core VM the looks made 4 KiB single requests 71-75
+/// µs at p50 against 18-20 µs without them (docs/benchmarks.md, issue 12).
+pub fn waiter_looks_for_cpus(cpus: usize) -> u32 {
+    if cpus >= 8 {
+        64
+    } else {
+        0
     }
 }
 
@@ -894,6 +908,8 @@ mod tests {
         let budgets: Vec<usize> = [1, 2, 4, 16].map(lane_budget_for_cpus).to_vec();
         assert_eq!(budgets, [1, 2, 4, 16]);
         assert_eq!(spin_for_cpus(2), Duration::ZERO);
+        assert_eq!(waiter_looks_for_cpus(2), 0);
+        assert_eq!(waiter_looks_for_cpus(16), 64);
         assert_eq!(spin_for_cpus(16), Duration::from_micros(50));
         for n in 1..=256 {
             assert!(lanes_for_cpus(n) >= n.clamp(1, 4), "{n} CPUs");

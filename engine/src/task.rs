@@ -25,7 +25,10 @@ use crate::metrics::Recorder;
 static NEXT_BATCH_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Times a waiter checks for completion (yielding in between) before it sleeps.
-const SPIN_LOOKS: u32 = 64;
+fn waiter_looks() -> u32 {
+    static LOOKS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *LOOKS.get_or_init(|| crate::config::waiter_looks_for_cpus(crate::config::available_cpus()))
+}
 
 /// State of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,7 +281,7 @@ impl BatchState {
     pub fn wait_until(&self, until: Instant) -> bool {
         // Small transfers finish within microseconds: look a few times before
         // paying for a sleep and a wake-up.
-        for _ in 0..SPIN_LOOKS {
+        for _ in 0..waiter_looks() {
             if self.is_finished() {
                 return true;
             }
