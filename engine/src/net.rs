@@ -1,6 +1,6 @@
 //! Socket helpers shared by the handshake and data listeners.
 
-use std::io::{self, Read};
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -70,21 +70,6 @@ pub fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<bool> {
         0 => Ok(false),
         _ => Ok(true),
     }
-}
-
-/// Reads exactly `buf.len()` bytes; `Ok(false)` on a clean EOF before the first byte.
-pub fn read_exact_or_eof(stream: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
-    let mut got = 0;
-    while got < buf.len() {
-        match stream.read(&mut buf[got..]) {
-            Ok(0) if got == 0 => return Ok(false),
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
 }
 
 /// Resolves `host` (a name or an IP literal, IPv6 possibly with a `%scope`) and `port`

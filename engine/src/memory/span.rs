@@ -137,27 +137,7 @@ impl MemSpan {
 
     /// Fills the whole span from `sock`, stopping as soon as `cut` is raised.
     pub fn recv_from(&self, sock: &TcpStream, cut: &SocketCut) -> io::Result<()> {
-        let mut off = 0usize;
-        while off < self.len {
-            cut.check()?;
-            let left = self.len - off;
-            // SAFETY: [addr+off, addr+len) lies in the span, valid for writing by the
-            // contract of `new`; the kernel writes at most `left` bytes there.
-            let n = unsafe {
-                libc::recv(
-                    sock.as_raw_fd(),
-                    (self.addr as usize + off) as *mut libc::c_void,
-                    left,
-                    0,
-                )
-            };
-            match n {
-                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                n if n > 0 => off += n as usize,
-                _ => retry_or(io::Error::last_os_error())?,
-            }
-        }
-        cut.check()
+        self.recv_with_spare(sock, cut, &mut [], None).map(|_| ())
     }
 
     /// Fills the whole span from `sock`, as [`recv_from`](Self::recv_from), and lets the

@@ -82,18 +82,14 @@ impl ReadAhead {
                 Err(e) => return Err(e),
             }
         }
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.buf.get(self.start..self.start + N).unwrap_or_default());
+        let out = self.peek::<N>();
         self.start += N;
-        Ok(Some(out))
+        Ok(out)
     }
 
     /// The next `N` bytes, left in place, if they are all here.
     pub fn peek<const N: usize>(&self) -> Option<[u8; N]> {
-        let bytes = self.buf.get(self.start..self.start.checked_add(N)?)?;
-        if self.start + N > self.end {
-            return None;
-        }
+        let bytes = self.buf.get(self.start..self.end)?.get(..N)?;
         let mut out = [0u8; N];
         out.copy_from_slice(bytes);
         Some(out)

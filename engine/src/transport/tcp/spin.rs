@@ -23,7 +23,7 @@ static SPINNING: AtomicUsize = AtomicUsize::new(0);
 /// How many threads of the process may spin at once: one per 8 CPUs, at least one.
 fn slots() -> usize {
     static SLOTS: OnceLock<usize> = OnceLock::new();
-    *SLOTS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| (n.get() / 8).max(1)))
+    *SLOTS.get_or_init(|| (crate::config::available_cpus() / 8).max(1))
 }
 
 /// Calls `look` until it gives a value or `budget` has passed, without sleeping; `None`
