@@ -277,6 +277,38 @@ fn a_timed_out_read_never_writes_into_memory_freed_after_the_call() {
     drop(engine);
 }
 
+/// A lone small read runs on the caller's thread (the link's direct connection); half its
+/// reply comes, then the peer stalls: the caller must not wait for the rest on its own
+/// thread past the deadline, and nothing lands after the call.
+#[test]
+fn a_timed_out_lone_small_read_never_writes_into_memory_freed_after_the_call() {
+    let peer = StallingPeer::start();
+    let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", short_timeout()).unwrap();
+    let len = 4096;
+    let mem = Mapping::new(len, 4 * PAGE);
+    let req = Request::new(OpCode::Read, mem.buffer(), peer.remote, len as u64);
+    let started = Instant::now();
+    // SAFETY: the mapping is valid for the call; what happens after is what is tested.
+    let result = unsafe { engine.transfer_sync(&peer.session, &[req]) };
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            result,
+            Err(EngineError::Transfer {
+                source: TransferError::Timeout(_),
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    // The deadline is 800 ms (+4 µs); the data path's own timeout is 30 s.
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    peer.wait_stalled();
+    mem.free_and_reuse();
+    peer.resume_and_finish();
+    mem.assert_untouched();
+}
+
 #[test]
 fn an_async_batch_drained_after_its_deadline_never_writes_into_freed_memory() {
     let peer = StallingPeer::start();

@@ -166,8 +166,20 @@ fn no_endpoint_without_a_metrics_port() {
     assert!(e.metrics_text().contains("mooncake_te_requests_total"));
 }
 
+/// A lone small request, which runs on the caller's thread over the link's direct
+/// connection: the one the peer closed is seen before use and replaced.
 #[test]
-fn a_connection_the_peer_closed_is_counted_as_a_reconnect() {
+fn a_direct_connection_the_peer_closed_is_counted_as_a_reconnect() {
+    connection_closed_by_the_peer_then(1);
+}
+
+/// Two requests in a batch, which go to the lanes.
+#[test]
+fn a_lane_connection_the_peer_closed_is_counted_as_a_reconnect() {
+    connection_closed_by_the_peer_then(2);
+}
+
+fn connection_closed_by_the_peer_then(requests: usize) {
     // One lane: with several, the lane that spins after a lone request may take every
     // later one, and a lane whose connection went stale never gets work to notice it.
     let initiator = TransferEngine::new(
@@ -189,19 +201,32 @@ fn a_connection_the_peer_closed_is_counted_as_a_reconnect() {
         },
     )
     .unwrap();
-    let remote = HostBuffer::new(LEN as usize);
-    peer.register_memory(remote.addr(), LEN, "cpu:0").unwrap();
-    let local = HostBuffer::new(LEN as usize);
-    let write = Request::new(OpCode::Write, local.addr(), remote.addr(), LEN);
+    let len = LEN * requests as u64;
+    let remote = HostBuffer::new(len as usize);
+    peer.register_memory(remote.addr(), len, "cpu:0").unwrap();
+    let local = HostBuffer::new(len as usize);
+    local.write_at(0, &vec![7u8; len as usize]).unwrap();
+    let writes: Vec<Request> = (0..requests as u64)
+        .map(|i| {
+            Request::new(
+                OpCode::Write,
+                local.addr() + i * LEN,
+                remote.addr() + i * LEN,
+                LEN,
+            )
+        })
+        .collect();
     let tcp = |e: &TransferEngine| tcp_metrics(e).connections;
     // SAFETY: both buffers outlive the calls.
-    unsafe { initiator.transfer_sync(peer.session_id(), &[write]) }.unwrap();
+    unsafe { initiator.transfer_sync(peer.session_id(), &writes) }.unwrap();
     let before = tcp(&initiator);
     assert_eq!(before.reconnects, 0, "{before:?}");
     std::thread::sleep(Duration::from_millis(2500));
+    remote.write_at(0, &vec![0u8; len as usize]).unwrap();
     // SAFETY: as above.
-    unsafe { initiator.transfer_sync(peer.session_id(), &[write]) }.unwrap();
+    unsafe { initiator.transfer_sync(peer.session_id(), &writes) }.unwrap();
     let after = tcp(&initiator);
+    assert_eq!(remote.to_vec(), local.to_vec());
     assert_eq!(before.connects, 1, "{before:?}");
     assert_eq!(after.reconnects, 1, "{after:?}");
     assert_eq!(after.connects, 2, "{after:?}");

@@ -1,6 +1,8 @@
 //! A peer that accepts connections but never answers: transfers must fail
 //! with a timeout at upstream's deadline (MC_TRANSFER_TIMEOUT + 1 ns/byte),
-//! not hang. The peer is a stand-in written here (a real engine never stalls
+//! not hang. (The 4 KiB write is a lone small request, which runs on the caller's
+//! thread: the caller must leave the missing reply to the receiver and wait as for any
+//! batch, or it would wait out the data path's own 30 s timeout.) The peer is a stand-in written here (a real engine never stalls
 //! on purpose): a handshake server that hands out a descriptor, and a data
 //! port that accepts and then reads nothing.
 

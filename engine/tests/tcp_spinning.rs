@@ -80,3 +80,73 @@ fn lone_and_batched_requests_move_the_right_bytes_while_threads_spin() {
         );
     }
 }
+
+/// Lone small requests from several threads at once, next to batches to the same peer:
+/// one caller at a time runs on the link's direct connection, the others go to the
+/// lanes; every byte lands where it should.
+#[test]
+fn lone_requests_from_many_threads_beside_batches_move_the_right_bytes() {
+    let target = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    const THREADS: usize = 4;
+    const SLOT: usize = 1 << 20;
+    let len = SLOT * (THREADS + 1);
+    let remote = HostBuffer::new(len);
+    target
+        .register_memory(remote.addr(), len as u64, "cpu:0")
+        .unwrap();
+    let local = HostBuffer::new(len);
+    let peer = target.session_id().to_string();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (initiator, peer, local, remote) = (&initiator, &peer, &local, &remote);
+            s.spawn(move || {
+                for round in 0..150usize {
+                    let size = [1usize, 4096, 16 << 10, 100][round % 4];
+                    let off = t * SLOT + (round * 4099) % (SLOT - size);
+                    let bytes = pattern(size, (round + t) as u8);
+                    local.write_at(off, &bytes).unwrap();
+                    let (here, there) = (local.addr() + off as u64, remote.addr() + off as u64);
+                    let w = Request::new(OpCode::Write, here, there, size as u64);
+                    // SAFETY: both buffers outlive the call.
+                    unsafe { initiator.transfer_sync(peer, &[w]) }.unwrap();
+                    local.write_at(off, &vec![0u8; size]).unwrap();
+                    let r = Request::new(OpCode::Read, here, there, size as u64);
+                    // SAFETY: as above.
+                    unsafe { initiator.transfer_sync(peer, &[r]) }.unwrap();
+                    assert_eq!(
+                        local.read_at(off, size).unwrap(),
+                        bytes,
+                        "thread {t} round {round}"
+                    );
+                }
+            });
+        }
+        let (initiator, peer, local, remote) = (&initiator, &peer, &local, &remote);
+        s.spawn(move || {
+            let base = THREADS * SLOT;
+            for round in 0..20u8 {
+                let bytes = pattern(SLOT, round);
+                local.write_at(base, &bytes).unwrap();
+                let reqs: Vec<Request> = (0..16)
+                    .map(|i| {
+                        let off = (base + i * (SLOT / 16)) as u64;
+                        Request::new(
+                            OpCode::Write,
+                            local.addr() + off,
+                            remote.addr() + off,
+                            (SLOT / 16) as u64,
+                        )
+                    })
+                    .collect();
+                // SAFETY: both buffers outlive the call.
+                unsafe { initiator.transfer_sync(peer, &reqs) }.unwrap();
+                assert_eq!(
+                    remote.read_at(base, SLOT).unwrap(),
+                    bytes,
+                    "batch round {round}"
+                );
+            }
+        });
+    });
+}

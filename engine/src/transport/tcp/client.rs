@@ -15,6 +15,7 @@
 
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -55,7 +56,29 @@ pub struct PeerLink {
     shared: Arc<LinkShared>,
     rx: Receiver<LaneMsg>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The connection of no lane, on which a caller runs a lone small request itself.
+    direct: Mutex<Direct>,
 }
+
+/// See [`PeerLink::send_lone`].
+#[derive(Default)]
+struct Direct {
+    conn: Option<Conn>,
+    /// Its connection broke and has not been replaced yet (the next connect is a
+    /// reconnect).
+    broke: bool,
+}
+
+/// How long a caller running a lone request itself waits for the reply before it leaves
+/// the reply to the connection's receiver thread and returns to wait as for any batch,
+/// where deadlines and interrupts are seen. A peer answers such a request in
+/// microseconds; one that takes longer is busy, and a hand-off then costs little.
+const DIRECT_REPLY_WAIT: Duration = Duration::from_millis(5);
+
+/// How long a caller's send of a lone request may block. A safeguard: up to 16 KiB on a
+/// connection with nothing owed fits the socket's send buffer even when the peer stopped
+/// reading (seen with a peer window of 2 KiB), so the send does not wait in practice.
+const DIRECT_SEND_WAIT: Duration = Duration::from_millis(100);
 
 struct LinkShared {
     peer: SocketAddr,
@@ -132,6 +155,7 @@ impl PeerLink {
             shared,
             rx,
             threads: Mutex::new(threads),
+            direct: Mutex::new(Direct::default()),
         })
     }
 
@@ -142,9 +166,7 @@ impl PeerLink {
 
     /// Queues a slice; it completes (or fails) on its batch.
     pub fn send(&self, slice: Slice) {
-        self.shared.busy.fetch_add(1, Ordering::AcqRel);
-        let now_ms = self.shared.created.elapsed().as_millis() as u64;
-        self.shared.last_used_ms.store(now_ms, Ordering::Relaxed);
+        self.note_work();
         if let Err(e) = self.shared.tx.send(LaneMsg::Work(slice)) {
             if let LaneMsg::Work(s) = e.into_inner() {
                 self.shared.fail(
@@ -153,6 +175,85 @@ impl PeerLink {
                 );
             }
         }
+    }
+
+    /// Sends a request that is alone in its batch: when it is small, in host memory, and
+    /// the link is idle, on the calling thread, over a connection kept for this, and
+    /// waits there briefly for the reply; else queued as [`send`](Self::send) does.
+    ///
+    /// A lone request handed to a lane costs two wake-ups more (the lane's, then the
+    /// caller's), each a hop to another CPU: on the 2-core VM those hops made 4 KiB
+    /// requests' p99 twice upstream's. The peer's reply wakes this thread through the
+    /// socket instead, which the kernel keeps on the waker's CPU.
+    pub fn send_lone(&self, slice: Slice) {
+        if let Some(slice) = self.run_here(slice) {
+            self.send(slice);
+        }
+    }
+
+    /// Runs `slice` on this thread if it qualifies; gives it back if not.
+    fn run_here(&self, slice: Slice) -> Option<Slice> {
+        let shared = &self.shared;
+        let small = slice.len <= super::spin::SMALL_REQUEST && slice.local_device.is_none();
+        // A v1 write has no reply to wait for: a lane sends it as well.
+        let answered = shared.v2 || slice.op == OpCode::Read;
+        if !small
+            || !answered
+            || slice.batch.is_canceled()
+            || shared.busy.load(Ordering::Acquire) != 0
+            || shared.stopping.load(Ordering::Acquire)
+            || shared.recently_dead().is_some()
+        {
+            return Some(slice);
+        }
+        let Some(mut direct) = self.direct.try_lock() else {
+            return Some(slice);
+        };
+        // A reply left to the receiver earlier is still owed: this one would follow it.
+        if direct.conn.as_ref().is_some_and(|c| !c.pending.is_empty()) {
+            return Some(slice);
+        }
+        // A connection the peer closed while it was idle (its idle timeout) is replaced
+        // before use, not found out by a failed request, which would use up the
+        // request's one re-send.
+        if direct
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.is_broken() || c.closed_by_peer())
+        {
+            direct.conn = None;
+            direct.broke = true;
+        }
+        if direct.conn.is_none() {
+            // A failed connect is the lanes' to report (and to hold for DEAD_PEER_HOLD).
+            let Ok(c) = Conn::open(shared) else {
+                return Some(slice);
+            };
+            // A request the socket does not take at once (a peer that stopped reading)
+            // breaks the connection and goes to a lane, instead of holding up the caller.
+            if c.stream.set_write_timeout(Some(DIRECT_SEND_WAIT)).is_err() {
+                return Some(slice);
+            }
+            shared.counters.connects.fetch_add(1, Ordering::Relaxed);
+            if std::mem::take(&mut direct.broke) {
+                shared.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+            }
+            direct.conn = Some(c);
+        }
+        let Some(c) = direct.conn.as_mut() else {
+            return Some(slice);
+        };
+        self.note_work();
+        if let Some(held) = c.take(slice, shared) {
+            c.run(held, shared);
+        }
+        None
+    }
+
+    fn note_work(&self) {
+        self.shared.busy.fetch_add(1, Ordering::AcqRel);
+        let now_ms = self.shared.created.elapsed().as_millis() as u64;
+        self.shared.last_used_ms.store(now_ms, Ordering::Relaxed);
     }
 
     /// Why the last connect failed, if it failed recently.
@@ -411,6 +512,13 @@ impl Conn {
         self.replies.broken.load(Ordering::Acquire) || self.cut.is_cut()
     }
 
+    /// The peer closed (or reset) this connection: it is readable with nothing to read.
+    /// Only meaningful while no reply is owed.
+    fn closed_by_peer(&self) -> bool {
+        let readable = crate::net::wait_readable(&self.stream, Duration::ZERO).unwrap_or(true);
+        readable && crate::net::bytes_queued(self.stream.as_raw_fd()).map_or(true, |n| n == 0)
+    }
+
     fn break_off(&self) {
         self.replies.broken.store(true, Ordering::Release);
         let _ = self.stream.shutdown(Shutdown::Both);
@@ -538,6 +646,79 @@ impl Conn {
         }
         self.sent(held, shared);
         false
+    }
+
+    /// Sends `held` (a small host-memory request, nothing owed on this connection) and
+    /// reads its reply on this thread, or leaves the reply to the receiver if it is not
+    /// there within [`DIRECT_REPLY_WAIT`].
+    fn run(&mut self, held: Held, shared: &LinkShared) {
+        let s = held.slice();
+        let header = header_of(s, shared.v2);
+        let sent = match s.op {
+            OpCode::Write => held.local_span().send_to(&self.stream, &header, &self.cut),
+            OpCode::Read => CutStream {
+                stream: &self.stream,
+                cut: &self.cut,
+            }
+            .write_all(&header),
+        };
+        if let Err(e) = sent {
+            tracing::debug!("send to {} failed: {e}", shared.peer);
+            self.break_off();
+            shared.retry_or_fail(held, &format!("send failed: {e}"));
+            return;
+        }
+        let whole = usize::from(shared.v2) * STATUS_LEN + owed_bytes(s) as usize;
+        if self.reply_here(whole, shared) {
+            settle(&self.replies, held, shared, Duration::ZERO);
+        } else {
+            self.sent(held, shared);
+        }
+    }
+
+    /// Waits up to [`DIRECT_REPLY_WAIT`] (spinning first, as a lane does) until the whole
+    /// reply of `whole` bytes has arrived, or a status that ends it early (a rejection),
+    /// or the connection failed: then reading it cannot block, so the caller's thread
+    /// never waits past its batch's deadline. False if it did not come in time.
+    fn reply_here(&self, whole: usize, shared: &LinkShared) -> bool {
+        let fd = self.stream.as_raw_fd();
+        let buffered = self.replies.ahead.lock().buffered();
+        let complete = || -> io::Result<bool> {
+            let queued = crate::net::bytes_queued(fd)?;
+            if buffered + queued >= whole {
+                return Ok(true);
+            }
+            if shared.v2 && buffered == 0 && queued >= STATUS_LEN {
+                let mut status = [0u8; STATUS_LEN];
+                self.stream.peek(&mut status)?;
+                return Ok(!matches!(Status::decode(&status), Ok(Status::Ok)));
+            }
+            Ok(false)
+        };
+        // An error shows again when the reply is read.
+        let look = || complete().unwrap_or(true).then_some(());
+        if look().is_some() || super::spin::spin_for(shared.spin, look).is_some() {
+            return true;
+        }
+        let end = Instant::now() + DIRECT_REPLY_WAIT;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match crate::net::wait_readable(&self.stream, left) {
+                Ok(false) => return false,
+                Err(_) => return true,
+                Ok(true) => {}
+            }
+            match crate::net::bytes_queued(fd) {
+                // Readable with nothing queued: the peer closed; the read says so.
+                Ok(0) | Err(_) => return true,
+                Ok(_) if look().is_some() => return true,
+                // Part of the reply: the rest follows within microseconds, or never.
+                Ok(_) => std::thread::sleep(Duration::from_micros(20)),
+            }
+        }
     }
 
     /// `held` is out: a v1 write is done (v1 acknowledges nothing), anything else is the

@@ -177,6 +177,12 @@ impl Transport for TcpTransport {
     ) -> Result<(), TransportError> {
         let addr = self.data_addr(segment, peer)?;
         let link = self.link(addr, self.v2(peer))?;
+        if slices.len() == 1 {
+            for s in slices {
+                link.send_lone(s);
+            }
+            return Ok(());
+        }
         for s in slices {
             link.send(s);
         }
