@@ -252,6 +252,7 @@ impl PeerLink {
 
     fn note_work(&self) {
         self.shared.busy.fetch_add(1, Ordering::AcqRel);
+        self.shared.lanes.busy();
         let now_ms = self.shared.created.elapsed().as_millis() as u64;
         self.shared.last_used_ms.store(now_ms, Ordering::Relaxed);
     }
@@ -261,14 +262,26 @@ impl PeerLink {
         self.shared.recently_dead()
     }
 
-    /// Whether the link has no work and was unused for `idle`, or its peer is gone.
-    pub fn evictable(&self, idle: Duration) -> bool {
+    /// Leaves the lane budget to other links if this one has had no work for `idle`.
+    pub fn rest_if_idle(&self, idle: Duration) {
+        if self.idle_for(idle) {
+            self.shared.lanes.rest();
+        }
+    }
+
+    fn idle_for(&self, idle: Duration) -> bool {
         if self.shared.busy.load(Ordering::Acquire) > 0 {
             return false;
         }
         let idle_ms = (self.shared.created.elapsed().as_millis() as u64)
             .saturating_sub(self.shared.last_used_ms.load(Ordering::Relaxed));
-        idle_ms >= idle.as_millis() as u64 || self.shared.dead.lock().is_some()
+        idle_ms >= idle.as_millis() as u64
+    }
+
+    /// Whether the link has no work and was unused for `idle`, or its peer is gone.
+    pub fn evictable(&self, idle: Duration) -> bool {
+        self.idle_for(idle)
+            || (self.shared.busy.load(Ordering::Acquire) == 0 && self.shared.dead.lock().is_some())
     }
 }
 
@@ -377,6 +390,16 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
             break;
         };
         lone = false;
+        // The share shrank while this lane waited for work (another link got busy): the
+        // work goes back for a lane within the share, and this one parks.
+        if index >= shared.lanes.budget().share() {
+            if let Err(e) = shared.tx.send(LaneMsg::Work(slice)) {
+                if let LaneMsg::Work(s) = e.into_inner() {
+                    shared.fail(s, TransferError::Canceled("the engine shut down"));
+                }
+            }
+            continue;
+        }
         if slice.batch.is_canceled() {
             shared.fail(
                 slice,

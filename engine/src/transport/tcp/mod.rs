@@ -198,7 +198,11 @@ impl Transport for TcpTransport {
                 .filter(|(_, l)| l.evictable(idle))
                 .map(|(k, _)| *k)
                 .collect();
-            gone.iter().filter_map(|k| links.remove(k)).collect()
+            let evicted = gone.iter().filter_map(|k| links.remove(k)).collect();
+            for link in links.values() {
+                link.rest_if_idle(budget::REST_AFTER);
+            }
+            evicted
         };
         // Joined outside the lock: a lane may take a moment to notice.
         for link in evicted {
