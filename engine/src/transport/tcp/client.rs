@@ -12,6 +12,13 @@
 //! rejection). A slice whose connection breaks is re-sent once on a fresh connection;
 //! a peer that refuses connections fails queued slices at once instead of once per
 //! connect timeout.
+//!
+//! A request alone in its batch, small and in host memory, to a link with nothing queued
+//! or in flight, runs on the caller's thread instead ([`PeerLink::send_lone`]), over one
+//! more connection of the link that no lane uses: the caller takes the slice on it, sends
+//! it, and reads the reply once the whole of it has arrived; past a few milliseconds the
+//! reply is left to that connection's receiver thread, so the caller never waits for a
+//! peer beyond its batch's deadline.
 
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
