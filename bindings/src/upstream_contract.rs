@@ -200,7 +200,7 @@ impl ContractEngine {
         // returns only once the batch finished or was drained (timeout, interrupt), so no
         // engine thread touches them after this call returns (upstream's sync calls do not
         // guarantee that).
-        let batch = unsafe { engine.submit(target, requests) }?;
+        let batch = unsafe { engine.submit_to_wait(target, requests) }?;
         batch_table::wait(&batch, target, interrupted)?;
         if let Some(n) = notify {
             engine.send_notify(target, n)?;

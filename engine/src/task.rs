@@ -68,6 +68,9 @@ pub struct BatchState {
     deadline: Instant,
     /// Where finished requests are counted (set once, before any slice is posted).
     recorder: OnceLock<Recorder>,
+    /// The submitting thread waits for the batch right after submitting it (a
+    /// synchronous call): a transport may run a lone small request on that thread.
+    caller_waits: AtomicBool,
 }
 
 impl BatchState {
@@ -94,7 +97,18 @@ impl BatchState {
             submitted_at: now,
             deadline: now + budget,
             recorder: OnceLock::new(),
+            caller_waits: AtomicBool::new(false),
         })
+    }
+
+    /// Marks the batch as waited for by its submitter at once (before any slice is posted).
+    pub fn set_caller_waits(&self) {
+        self.caller_waits.store(true, Ordering::Relaxed);
+    }
+
+    /// See [`set_caller_waits`](Self::set_caller_waits).
+    pub fn caller_waits(&self) -> bool {
+        self.caller_waits.load(Ordering::Relaxed)
     }
 
     /// Number of requests.

@@ -62,3 +62,36 @@ fn a_stalled_peer_times_out_at_the_upstream_deadline() {
         "took {took:?}"
     );
 }
+
+/// A lone small request (run on the caller's thread) to a peer whose data port refuses
+/// connections fails with the connect's reason, and so does the next one (from the link's
+/// recent death, without connecting again).
+#[test]
+fn a_lone_small_request_to_a_refusing_data_port_fails_as_unreachable() {
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let data_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let (session, _server) = raw_peer::serve_descriptor(data_port, 0x10000);
+    let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let local = vec![7u8; 4096];
+    let req = Request {
+        op: OpCode::Write,
+        local: local.as_ptr() as u64,
+        remote: 0x10000,
+        len: 4096,
+    };
+    for round in 0..2 {
+        // SAFETY: every local buffer of the request is test-owned and outlives the call.
+        let result = unsafe { engine.transfer_sync(&session, &[req]) };
+        match result {
+            Err(EngineError::Transfer {
+                source: TransferError::PeerUnreachable { reason, .. },
+                ..
+            }) => assert!(reason.contains("connect failed"), "round {round}: {reason}"),
+            other => panic!("round {round}: expected PeerUnreachable, got {other:?}"),
+        }
+    }
+    let tcp = engine.metrics();
+    let tcp = tcp.transports.iter().find(|t| t.protocol == "tcp").unwrap();
+    assert_eq!(tcp.connections.connects, 0);
+}

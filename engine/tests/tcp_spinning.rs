@@ -150,3 +150,40 @@ fn lone_requests_from_many_threads_beside_batches_move_the_right_bytes() {
         });
     });
 }
+
+/// Only a caller that waits at once (a synchronous call) runs its lone request itself, on
+/// the link's direct connection; an asynchronous submit returns at once and leaves it to
+/// a lane. Seen in the connections each opens.
+#[test]
+fn only_synchronous_lone_requests_run_on_the_callers_thread() {
+    let target = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let remote = HostBuffer::new(1 << 20);
+    target
+        .register_memory(remote.addr(), 1 << 20, "cpu:0")
+        .unwrap();
+    let local = HostBuffer::new(1 << 20);
+    local.write_at(0, &pattern(4096, 3)).unwrap();
+    let peer = target.session_id().to_string();
+    let connects = || {
+        let m = initiator.metrics();
+        let tcp = m.transports.iter().find(|t| t.protocol == "tcp").unwrap();
+        tcp.connections.connects
+    };
+    let w = Request::new(OpCode::Write, local.addr(), remote.addr(), 4096);
+    // SAFETY: both buffers outlive the calls and the batch, which is waited for.
+    unsafe { initiator.transfer_sync(&peer, &[w]) }.unwrap();
+    assert_eq!(
+        connects(),
+        1,
+        "the synchronous call opened the direct connection"
+    );
+    // SAFETY: as above.
+    unsafe { initiator.transfer_sync(&peer, &[w]) }.unwrap();
+    assert_eq!(connects(), 1, "and used it again");
+    // SAFETY: as above.
+    let batch = unsafe { initiator.submit(&peer, &[w]) }.unwrap();
+    batch.wait().unwrap();
+    assert_eq!(connects(), 2, "the asynchronous submit went to a lane");
+    assert_eq!(remote.read_at(0, 4096).unwrap(), pattern(4096, 3));
+}

@@ -231,26 +231,30 @@ impl PeerLink {
             direct.conn = None;
             direct.broke = true;
         }
+        self.note_work();
         if direct.conn.is_none() {
-            // A failed connect is the lanes' to report (and to hold for DEAD_PEER_HOLD).
-            let Ok(c) = Conn::open(shared) else {
-                return Some(slice);
-            };
-            // A request the socket does not take at once (a peer that stopped reading)
-            // breaks the connection and goes to a lane, instead of holding up the caller.
-            if c.stream.set_write_timeout(Some(DIRECT_SEND_WAIT)).is_err() {
-                return Some(slice);
+            let Direct { conn, broke } = &mut *direct;
+            let opened = connect(shared, broke).and_then(|c| {
+                // A request the socket does not take at once (a peer that stopped
+                // reading) breaks the connection and goes to a lane, instead of holding
+                // up the caller.
+                c.stream
+                    .set_write_timeout(Some(DIRECT_SEND_WAIT))
+                    .map_err(|e| format!("setting a send timeout failed: {e}"))?;
+                Ok(c)
+            });
+            match opened {
+                Ok(c) => *conn = Some(c),
+                Err(why) => {
+                    shared.fail(slice, shared.unreachable(why));
+                    return None;
+                }
             }
-            shared.counters.connects.fetch_add(1, Ordering::Relaxed);
-            if std::mem::take(&mut direct.broke) {
-                shared.counters.reconnects.fetch_add(1, Ordering::Relaxed);
-            }
-            direct.conn = Some(c);
         }
         let Some(c) = direct.conn.as_mut() else {
-            return Some(slice);
+            shared.fail(slice, TransferError::Canceled("the engine shut down"));
+            return None;
         };
-        self.note_work();
         if let Some(held) = c.take(slice, shared) {
             c.run(held, shared);
         }
@@ -423,19 +427,9 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
                 shared.fail(slice, shared.unreachable(why));
                 continue;
             }
-            match Conn::open(&shared) {
-                Ok(c) => {
-                    *shared.dead.lock() = None;
-                    shared.counters.connects.fetch_add(1, Ordering::Relaxed);
-                    if std::mem::take(&mut broke) {
-                        shared.counters.reconnects.fetch_add(1, Ordering::Relaxed);
-                    }
-                    conn = Some(c);
-                }
-                Err(e) => {
-                    let why = format!("connect failed: {e}");
-                    tracing::warn!("peer {} unreachable: {why}", shared.peer);
-                    *shared.dead.lock() = Some((Instant::now(), why.clone()));
+            match connect(&shared, &mut broke) {
+                Ok(c) => conn = Some(c),
+                Err(why) => {
                     shared.fail(slice, shared.unreachable(why));
                     continue;
                 }
@@ -460,6 +454,28 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
         }
         if stop {
             break;
+        }
+    }
+}
+
+/// Opens a connection to the peer and counts it (a reconnect if `broke`, which it clears);
+/// a failure is why, also kept as the link's recent death (new slices fail at once for
+/// [`DEAD_PEER_HOLD`]).
+fn connect(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, String> {
+    match Conn::open(shared) {
+        Ok(c) => {
+            *shared.dead.lock() = None;
+            shared.counters.connects.fetch_add(1, Ordering::Relaxed);
+            if std::mem::take(broke) {
+                shared.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(c)
+        }
+        Err(e) => {
+            let why = format!("connect failed: {e}");
+            tracing::warn!("peer {} unreachable: {why}", shared.peer);
+            *shared.dead.lock() = Some((Instant::now(), why.clone()));
+            Err(why)
         }
     }
 }

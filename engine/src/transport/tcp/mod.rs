@@ -177,7 +177,8 @@ impl Transport for TcpTransport {
     ) -> Result<(), TransportError> {
         let addr = self.data_addr(segment, peer)?;
         let link = self.link(addr, self.v2(peer))?;
-        if slices.len() == 1 {
+        // Alone in a batch its caller waits for at once: it may run on the caller's thread.
+        if slices.len() == 1 && slices.iter().all(|s| s.batch.caller_waits()) {
             for s in slices {
                 link.send_lone(s);
             }
