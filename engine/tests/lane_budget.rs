@@ -30,6 +30,26 @@ fn connects(e: &TransferEngine) -> u64 {
     tcp.connections.connects
 }
 
+/// An engine with 4 lanes per peer and a budget of 4, and a local buffer of `BATCH` blocks
+/// filled from `seed`.
+fn initiator_of_four_lanes(seed: u8) -> (TransferEngine, HostBuffer) {
+    let initiator = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            tcp_lanes_per_peer: 4,
+            tcp_lane_budget: 4,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let local = HostBuffer::new(BLOCK * BATCH);
+    for i in 0..BATCH {
+        local.write_at(i * BLOCK, &[i as u8 + seed; BLOCK]).unwrap();
+    }
+    (initiator, local)
+}
+
 fn batch_to(
     initiator: &TransferEngine,
     peer: &TransferEngine,
@@ -53,20 +73,7 @@ fn batch_to(
 
 #[test]
 fn a_link_without_work_leaves_the_lane_budget_to_the_others() {
-    let initiator = TransferEngine::new(
-        "127.0.0.1",
-        "P2PHANDSHAKE",
-        Config {
-            tcp_lanes_per_peer: 4,
-            tcp_lane_budget: 4,
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    let local = HostBuffer::new(BLOCK * BATCH);
-    for i in 0..BATCH {
-        local.write_at(i * BLOCK, &[i as u8 + 7; BLOCK]).unwrap();
-    }
+    let (initiator, local) = initiator_of_four_lanes(7);
     let (a, a_mem) = peer();
     let (b, b_mem) = peer();
     batch_to(&initiator, &a, &a_mem, &local);
@@ -87,20 +94,7 @@ fn a_link_without_work_leaves_the_lane_budget_to_the_others() {
 
 #[test]
 fn two_peers_share_the_lane_budget() {
-    let initiator = TransferEngine::new(
-        "127.0.0.1",
-        "P2PHANDSHAKE",
-        Config {
-            tcp_lanes_per_peer: 4,
-            tcp_lane_budget: 4,
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    let local = HostBuffer::new(BLOCK * BATCH);
-    for i in 0..BATCH {
-        local.write_at(i * BLOCK, &[i as u8 + 1; BLOCK]).unwrap();
-    }
+    let (initiator, local) = initiator_of_four_lanes(1);
     let (a, a_mem) = peer();
     let (b, b_mem) = peer();
     // One small write to each: both links exist, one connection each (the link's direct

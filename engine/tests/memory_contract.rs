@@ -249,43 +249,24 @@ fn short_timeout() -> Config {
 
 #[test]
 fn a_timed_out_read_never_writes_into_memory_freed_after_the_call() {
-    let peer = StallingPeer::start();
-    let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", short_timeout()).unwrap();
-    let len = 64 << 20;
-    let mem = Mapping::new(len, 16 * PAGE);
-    let req = Request::new(OpCode::Read, mem.buffer(), peer.remote, len as u64);
-    let started = Instant::now();
-    // SAFETY: the mapping is valid for the call; what happens after is what is tested.
-    let result = unsafe { engine.transfer_sync(&peer.session, &[req]) };
-    assert!(
-        matches!(
-            result,
-            Err(EngineError::Transfer {
-                source: TransferError::Timeout(_),
-                ..
-            })
-        ),
-        "{result:?}"
-    );
-    assert!(started.elapsed() < Duration::from_secs(10));
-    // The peer sent half of a slice, then stalled: the call returned in the middle of it.
-    peer.wait_stalled();
-    mem.free_and_reuse();
-    peer.resume_and_finish();
-    mem.assert_untouched();
-    // The engine is still good for other work after cutting its connections.
-    drop(engine);
+    timed_out_read_never_writes_after_the_call(64 << 20, 16, Duration::from_secs(10));
 }
 
 /// A lone small read runs on the caller's thread (the link's direct connection); half its
 /// reply comes, then the peer stalls: the caller must not wait for the rest on its own
-/// thread past the deadline, and nothing lands after the call.
+/// thread past the deadline (800 ms; the data path's own timeout is 30 s), and nothing
+/// lands after the call.
 #[test]
 fn a_timed_out_lone_small_read_never_writes_into_memory_freed_after_the_call() {
+    timed_out_read_never_writes_after_the_call(4096, 4, Duration::from_secs(5));
+}
+
+/// One read of `len` bytes from a [`StallingPeer`]: times out within `limit`, and once the
+/// memory is freed and reused, the peer's late bytes do not land in it.
+fn timed_out_read_never_writes_after_the_call(len: usize, guard_pages: usize, limit: Duration) {
     let peer = StallingPeer::start();
     let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", short_timeout()).unwrap();
-    let len = 4096;
-    let mem = Mapping::new(len, 4 * PAGE);
+    let mem = Mapping::new(len, guard_pages * PAGE);
     let req = Request::new(OpCode::Read, mem.buffer(), peer.remote, len as u64);
     let started = Instant::now();
     // SAFETY: the mapping is valid for the call; what happens after is what is tested.
@@ -301,12 +282,14 @@ fn a_timed_out_lone_small_read_never_writes_into_memory_freed_after_the_call() {
         ),
         "{result:?}"
     );
-    // The deadline is 800 ms (+4 µs); the data path's own timeout is 30 s.
-    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(took < limit, "took {took:?}");
+    // The peer sent half of a slice, then stalled: the call returned in the middle of it.
     peer.wait_stalled();
     mem.free_and_reuse();
     peer.resume_and_finish();
     mem.assert_untouched();
+    // The engine is still good for other work after cutting its connections.
+    drop(engine);
 }
 
 #[test]

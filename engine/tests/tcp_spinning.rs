@@ -27,17 +27,33 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn lone_and_batched_requests_move_the_right_bytes_while_threads_spin() {
-    let target = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", spinning()).unwrap();
-    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", spinning()).unwrap();
-    let len = 8 << 20;
+/// A target with `len` bytes registered and an initiator, both with `config`: (target,
+/// initiator, the target's buffer, a local buffer of `len`, the target's session).
+fn pair(
+    config: fn() -> Config,
+    len: usize,
+) -> (
+    TransferEngine,
+    TransferEngine,
+    HostBuffer,
+    HostBuffer,
+    String,
+) {
+    let target = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config()).unwrap();
+    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config()).unwrap();
     let remote = HostBuffer::new(len);
     target
         .register_memory(remote.addr(), len as u64, "cpu:0")
         .unwrap();
     let local = HostBuffer::new(len);
     let peer = target.session_id().to_string();
+    (target, initiator, remote, local, peer)
+}
+
+#[test]
+fn lone_and_batched_requests_move_the_right_bytes_while_threads_spin() {
+    let len = 8 << 20;
+    let (_target, initiator, remote, local, peer) = pair(spinning, len);
 
     // Lone 4 KiB requests, one after another: the lane reads each reply itself.
     for round in 0..200u32 {
@@ -86,17 +102,9 @@ fn lone_and_batched_requests_move_the_right_bytes_while_threads_spin() {
 /// lanes; every byte lands where it should.
 #[test]
 fn lone_requests_from_many_threads_beside_batches_move_the_right_bytes() {
-    let target = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
-    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
     const THREADS: usize = 4;
     const SLOT: usize = 1 << 20;
-    let len = SLOT * (THREADS + 1);
-    let remote = HostBuffer::new(len);
-    target
-        .register_memory(remote.addr(), len as u64, "cpu:0")
-        .unwrap();
-    let local = HostBuffer::new(len);
-    let peer = target.session_id().to_string();
+    let (_target, initiator, remote, local, peer) = pair(Config::default, SLOT * (THREADS + 1));
     std::thread::scope(|s| {
         for t in 0..THREADS {
             let (initiator, peer, local, remote) = (&initiator, &peer, &local, &remote);
@@ -156,15 +164,8 @@ fn lone_requests_from_many_threads_beside_batches_move_the_right_bytes() {
 /// a lane. Seen in the connections each opens.
 #[test]
 fn only_synchronous_lone_requests_run_on_the_callers_thread() {
-    let target = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
-    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
-    let remote = HostBuffer::new(1 << 20);
-    target
-        .register_memory(remote.addr(), 1 << 20, "cpu:0")
-        .unwrap();
-    let local = HostBuffer::new(1 << 20);
+    let (_target, initiator, remote, local, peer) = pair(Config::default, 1 << 20);
     local.write_at(0, &pattern(4096, 3)).unwrap();
-    let peer = target.session_id().to_string();
     let connects = || {
         let m = initiator.metrics();
         let tcp = m.transports.iter().find(|t| t.protocol == "tcp").unwrap();

@@ -656,7 +656,6 @@ impl Conn {
         let s = held.slice();
         let header = header_of(s, shared.v2);
         let sent = match (s.op, s.local_device) {
-            (OpCode::Write, None) => held.local_span().send_to(&self.stream, &header, &self.cut),
             (OpCode::Write, Some(device)) => crate::device::staging::send_from(
                 device,
                 &mut CutStream {
@@ -667,16 +666,10 @@ impl Conn {
                 s.local,
                 s.len as usize,
             ),
-            (OpCode::Read, _) => CutStream {
-                stream: &self.stream,
-                cut: &self.cut,
-            }
-            .write_all(&header),
+            _ => self.send_host(&held, &header),
         };
         if let Err(e) = sent {
-            tracing::debug!("send to {} failed: {e}", shared.peer);
-            self.break_off();
-            shared.retry_or_fail(held, &format!("send failed: {e}"));
+            self.send_failed(held, shared, &e);
             return false;
         }
         // Nothing else queued and no reply outstanding on this connection (the receiver
@@ -694,24 +687,32 @@ impl Conn {
         false
     }
 
+    /// Writes `header` and, for a write, its payload from host memory.
+    fn send_host(&self, held: &Held, header: &[u8]) -> io::Result<()> {
+        match held.slice().op {
+            OpCode::Write => held.local_span().send_to(&self.stream, header, &self.cut),
+            OpCode::Read => CutStream {
+                stream: &self.stream,
+                cut: &self.cut,
+            }
+            .write_all(header),
+        }
+    }
+
+    /// A send of `held` failed: the connection is done for; the slice is sent again once.
+    fn send_failed(&self, held: Held, shared: &LinkShared, e: &io::Error) {
+        tracing::debug!("send to {} failed: {e}", shared.peer);
+        self.break_off();
+        shared.retry_or_fail(held, &format!("send failed: {e}"));
+    }
+
     /// Sends `held` (a small host-memory request, nothing owed on this connection) and
     /// reads its reply on this thread, or leaves the reply to the receiver if it is not
     /// there within [`DIRECT_REPLY_WAIT`].
     fn run(&mut self, held: Held, shared: &LinkShared) {
         let s = held.slice();
-        let header = header_of(s, shared.v2);
-        let sent = match s.op {
-            OpCode::Write => held.local_span().send_to(&self.stream, &header, &self.cut),
-            OpCode::Read => CutStream {
-                stream: &self.stream,
-                cut: &self.cut,
-            }
-            .write_all(&header),
-        };
-        if let Err(e) = sent {
-            tracing::debug!("send to {} failed: {e}", shared.peer);
-            self.break_off();
-            shared.retry_or_fail(held, &format!("send failed: {e}"));
+        if let Err(e) = self.send_host(&held, &header_of(s, shared.v2)) {
+            self.send_failed(held, shared, &e);
             return;
         }
         let whole = usize::from(shared.v2) * STATUS_LEN + owed_bytes(s) as usize;
