@@ -306,3 +306,56 @@ fn bytes_served_to_peers_are_scraped_while_transfers_run() {
     assert_eq!(i.counters.bytes_written, want.0);
     assert_eq!(tcp_metrics(&target).counters.requests, 0);
 }
+
+/// Every lane's connection closed by the peer's idle timeout: a batch after that finds them
+/// stale before use and reconnects, so no request fails on one and needs its one re-send
+/// (which, landing on another stale connection, would fail it as `PeerGone`).
+#[test]
+fn a_batch_after_the_peer_closed_every_lane_connection_succeeds() {
+    let initiator = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            tcp_lanes_per_peer: 4,
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    let peer = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            tcp_server_idle_timeout: Duration::from_secs(1),
+            ..Config::default()
+        },
+    )
+    .unwrap();
+    const N: u64 = 32;
+    let remote = HostBuffer::new((LEN * N) as usize);
+    peer.register_memory(remote.addr(), LEN * N, "cpu:0")
+        .unwrap();
+    let local = HostBuffer::new((LEN * N) as usize);
+    for round in 0..3u8 {
+        local
+            .write_at(0, &vec![round + 1; (LEN * N) as usize])
+            .unwrap();
+        let writes: Vec<Request> = (0..N)
+            .map(|i| {
+                Request::new(
+                    OpCode::Write,
+                    local.addr() + i * LEN,
+                    remote.addr() + i * LEN,
+                    LEN,
+                )
+            })
+            .collect();
+        // SAFETY: both buffers outlive the calls.
+        unsafe { initiator.transfer_sync(peer.session_id(), &writes) }
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(remote.to_vec(), local.to_vec(), "round {round}");
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    let c = tcp_metrics(&initiator).connections;
+    assert_eq!(c.retries, 0, "{c:?}");
+    assert!(c.reconnects >= 2, "{c:?}");
+}

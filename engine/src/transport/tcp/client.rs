@@ -220,14 +220,7 @@ impl PeerLink {
         if direct.conn.as_ref().is_some_and(|c| !c.pending.is_empty()) {
             return Some(slice);
         }
-        // A connection the peer closed while it was idle (its idle timeout) is replaced
-        // before use, not found out by a failed request, which would use up the
-        // request's one re-send.
-        if direct
-            .conn
-            .as_ref()
-            .is_some_and(|c| c.is_broken() || c.closed_by_peer())
-        {
+        if direct.conn.as_ref().is_some_and(Conn::is_stale) {
             direct.conn = None;
             direct.broke = true;
         }
@@ -418,7 +411,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
             );
             continue;
         }
-        if conn.as_ref().is_some_and(Conn::is_broken) {
+        if conn.as_ref().is_some_and(Conn::is_stale) {
             conn = None;
             broke = true;
         }
@@ -556,6 +549,13 @@ impl Conn {
 
     fn is_broken(&self) -> bool {
         self.replies.broken.load(Ordering::Acquire) || self.cut.is_cut()
+    }
+
+    /// Broken, or closed by the peer while idle (its idle timeout): to be replaced before
+    /// use, rather than found out by a request, which would use up the request's one
+    /// re-send (on another connection that may be just as stale).
+    fn is_stale(&self) -> bool {
+        self.is_broken() || (self.pending.is_empty() && self.closed_by_peer())
     }
 
     /// The peer closed (or reset) this connection: it is readable with nothing to read.
