@@ -59,6 +59,29 @@ pub fn bytes_queued(fd: RawFd) -> io::Result<usize> {
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
+/// Whether the peer of socket `fd` closed (or reset) it: at its end, with nothing left to
+/// read. One non-blocking peek, nothing taken; a socket with bytes waiting is not closed.
+pub fn closed_by_peer(fd: RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: one writable byte; MSG_PEEK leaves it in the socket, MSG_DONTWAIT never blocks.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => !matches!(
+            io::Error::last_os_error().kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    }
+}
+
 /// Waits until `fd` is readable (or hung up) for at most `timeout`.
 pub fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<bool> {
     let mut pfd = libc::pollfd {

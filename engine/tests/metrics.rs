@@ -179,19 +179,18 @@ fn a_lane_connection_the_peer_closed_is_counted_as_a_reconnect() {
     connection_closed_by_the_peer_then(2);
 }
 
-fn connection_closed_by_the_peer_then(requests: usize) {
-    // One lane: with several, the lane that spins after a lone request may take every
-    // later one, and a lane whose connection went stale never gets work to notice it.
+/// An initiator with `lanes` lanes per peer, and a peer that closes data connections idle
+/// for 1 s.
+fn with_a_peer_closing_idle_connections(lanes: usize) -> (TransferEngine, TransferEngine) {
     let initiator = TransferEngine::new(
         "127.0.0.1",
         "P2PHANDSHAKE",
         Config {
-            tcp_lanes_per_peer: 1,
+            tcp_lanes_per_peer: lanes,
             ..Config::default()
         },
     )
     .unwrap();
-    // The target closes data connections idle for 1 s.
     let peer = TransferEngine::new(
         "127.0.0.1",
         "P2PHANDSHAKE",
@@ -201,12 +200,12 @@ fn connection_closed_by_the_peer_then(requests: usize) {
         },
     )
     .unwrap();
-    let len = LEN * requests as u64;
-    let remote = HostBuffer::new(len as usize);
-    peer.register_memory(remote.addr(), len, "cpu:0").unwrap();
-    let local = HostBuffer::new(len as usize);
-    local.write_at(0, &vec![7u8; len as usize]).unwrap();
-    let writes: Vec<Request> = (0..requests as u64)
+    (initiator, peer)
+}
+
+/// `n` writes of `LEN` bytes, block `i` of `local` to block `i` of `remote`.
+fn writes_of(n: u64, local: &HostBuffer, remote: &HostBuffer) -> Vec<Request> {
+    (0..n)
         .map(|i| {
             Request::new(
                 OpCode::Write,
@@ -215,7 +214,19 @@ fn connection_closed_by_the_peer_then(requests: usize) {
                 LEN,
             )
         })
-        .collect();
+        .collect()
+}
+
+fn connection_closed_by_the_peer_then(requests: usize) {
+    // One lane: with several, the lane that spins after a lone request may take every
+    // later one, and a lane whose connection went stale never gets work to notice it.
+    let (initiator, peer) = with_a_peer_closing_idle_connections(1);
+    let len = LEN * requests as u64;
+    let remote = HostBuffer::new(len as usize);
+    peer.register_memory(remote.addr(), len, "cpu:0").unwrap();
+    let local = HostBuffer::new(len as usize);
+    local.write_at(0, &vec![7u8; len as usize]).unwrap();
+    let writes = writes_of(requests as u64, &local, &remote);
     let tcp = |e: &TransferEngine| tcp_metrics(e).connections;
     // SAFETY: both buffers outlive the calls.
     unsafe { initiator.transfer_sync(peer.session_id(), &writes) }.unwrap();
@@ -312,24 +323,7 @@ fn bytes_served_to_peers_are_scraped_while_transfers_run() {
 /// (which, landing on another stale connection, would fail it as `PeerGone`).
 #[test]
 fn a_batch_after_the_peer_closed_every_lane_connection_succeeds() {
-    let initiator = TransferEngine::new(
-        "127.0.0.1",
-        "P2PHANDSHAKE",
-        Config {
-            tcp_lanes_per_peer: 4,
-            ..Config::default()
-        },
-    )
-    .unwrap();
-    let peer = TransferEngine::new(
-        "127.0.0.1",
-        "P2PHANDSHAKE",
-        Config {
-            tcp_server_idle_timeout: Duration::from_secs(1),
-            ..Config::default()
-        },
-    )
-    .unwrap();
+    let (initiator, peer) = with_a_peer_closing_idle_connections(4);
     const N: u64 = 32;
     let remote = HostBuffer::new((LEN * N) as usize);
     peer.register_memory(remote.addr(), LEN * N, "cpu:0")
@@ -339,16 +333,7 @@ fn a_batch_after_the_peer_closed_every_lane_connection_succeeds() {
         local
             .write_at(0, &vec![round + 1; (LEN * N) as usize])
             .unwrap();
-        let writes: Vec<Request> = (0..N)
-            .map(|i| {
-                Request::new(
-                    OpCode::Write,
-                    local.addr() + i * LEN,
-                    remote.addr() + i * LEN,
-                    LEN,
-                )
-            })
-            .collect();
+        let writes = writes_of(N, &local, &remote);
         // SAFETY: both buffers outlive the calls.
         unsafe { initiator.transfer_sync(peer.session_id(), &writes) }
             .unwrap_or_else(|e| panic!("round {round}: {e}"));

@@ -209,45 +209,33 @@ impl PeerLink {
             || slice.batch.is_canceled()
             || shared.busy.load(Ordering::Acquire) != 0
             || shared.stopping.load(Ordering::Acquire)
-            || shared.recently_dead().is_some()
         {
             return Some(slice);
         }
         let Some(mut direct) = self.direct.try_lock() else {
             return Some(slice);
         };
+        let Direct { conn, broke } = &mut *direct;
         // A reply left to the receiver earlier is still owed: this one would follow it.
-        if direct.conn.as_ref().is_some_and(|c| !c.pending.is_empty()) {
+        if conn.as_ref().is_some_and(|c| !c.pending.is_empty()) {
             return Some(slice);
         }
-        if direct.conn.as_ref().is_some_and(Conn::is_stale) {
-            direct.conn = None;
-            direct.broke = true;
+        if conn.as_ref().is_some_and(Conn::is_stale) {
+            *conn = None;
+            *broke = true;
         }
         self.note_work();
-        if direct.conn.is_none() {
-            let Direct { conn, broke } = &mut *direct;
-            let opened = connect(shared, broke).and_then(|c| {
-                // A request the socket does not take at once (a peer that stopped
-                // reading) breaks the connection and goes to a lane, instead of holding
-                // up the caller.
-                c.stream
-                    .set_write_timeout(Some(DIRECT_SEND_WAIT))
-                    .map_err(|e| format!("setting a send timeout failed: {e}"))?;
-                Ok(c)
-            });
-            match opened {
-                Ok(c) => *conn = Some(c),
+        let c = match conn.take() {
+            Some(c) => c,
+            None => match open_direct(shared, broke) {
+                Ok(c) => c,
                 Err(why) => {
                     shared.fail(slice, shared.unreachable(why));
                     return None;
                 }
-            }
-        }
-        let Some(c) = direct.conn.as_mut() else {
-            shared.fail(slice, TransferError::Canceled("the engine shut down"));
-            return None;
+            },
         };
+        let c = conn.insert(c);
         if let Some(held) = c.take(slice, shared) {
             c.run(held, shared);
         }
@@ -333,6 +321,15 @@ impl LinkShared {
         }
     }
 
+    /// Puts a slice not taken back on the queue, for any lane.
+    fn requeue(&self, slice: Slice) {
+        if let Err(e) = self.tx.send(LaneMsg::Work(slice)) {
+            if let LaneMsg::Work(s) = e.into_inner() {
+                self.fail(s, TransferError::Canceled("the engine shut down"));
+            }
+        }
+    }
+
     /// Completes a slice that was not taken.
     fn fail(&self, slice: Slice, error: TransferError) {
         slice.finish(Err(error));
@@ -397,11 +394,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
         // The share shrank while this lane waited for work (another link got busy): the
         // work goes back for a lane within the share, and this one parks.
         if index >= shared.lanes.budget().share() {
-            if let Err(e) = shared.tx.send(LaneMsg::Work(slice)) {
-                if let LaneMsg::Work(s) = e.into_inner() {
-                    shared.fail(s, TransferError::Canceled("the engine shut down"));
-                }
-            }
+            shared.requeue(slice);
             continue;
         }
         if slice.batch.is_canceled() {
@@ -471,6 +464,21 @@ fn connect(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, String> {
             Err(why)
         }
     }
+}
+
+/// Opens the link's direct connection (see [`PeerLink::send_lone`]), as a lane opens its
+/// own; a peer that failed to connect within [`DEAD_PEER_HOLD`] fails at once, as for a lane.
+fn open_direct(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, String> {
+    if let Some(why) = shared.recently_dead() {
+        return Err(why);
+    }
+    let c = connect(shared, broke)?;
+    // A request the socket does not take at once (a peer that stopped reading) breaks
+    // the connection and goes to a lane, instead of holding up the caller.
+    c.stream
+        .set_write_timeout(Some(DIRECT_SEND_WAIT))
+        .map_err(|e| format!("setting a send timeout failed: {e}"))?;
+    Ok(c)
 }
 
 /// Requests sent together in one `sendmsg` at most (the queue permitting): fewer system
@@ -561,8 +569,7 @@ impl Conn {
     /// The peer closed (or reset) this connection: it is readable with nothing to read.
     /// Only meaningful while no reply is owed.
     fn closed_by_peer(&self) -> bool {
-        let readable = crate::net::wait_readable(&self.stream, Duration::ZERO).unwrap_or(true);
-        readable && crate::net::bytes_queued(self.stream.as_raw_fd()).map_or(true, |n| n == 0)
+        crate::net::closed_by_peer(self.stream.as_raw_fd())
     }
 
     fn break_off(&self) {
@@ -601,11 +608,7 @@ impl Conn {
                 Err(_) => break,
             };
             if slice.local_device.is_some() {
-                if let Err(e) = shared.tx.send(LaneMsg::Work(slice)) {
-                    if let LaneMsg::Work(s) = e.into_inner() {
-                        shared.fail(s, TransferError::Canceled("the engine shut down"));
-                    }
-                }
+                shared.requeue(slice);
                 break;
             }
             if slice.batch.is_canceled() {

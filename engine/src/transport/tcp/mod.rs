@@ -178,14 +178,13 @@ impl Transport for TcpTransport {
         let addr = self.data_addr(segment, peer)?;
         let link = self.link(addr, self.v2(peer))?;
         // Alone in a batch its caller waits for at once: it may run on the caller's thread.
-        if slices.len() == 1 && slices.iter().all(|s| s.batch.caller_waits()) {
-            for s in slices {
-                link.send_lone(s);
-            }
-            return Ok(());
-        }
+        let lone = slices.len() == 1 && slices.first().is_some_and(|s| s.batch.caller_waits());
         for s in slices {
-            link.send(s);
+            if lone {
+                link.send_lone(s);
+            } else {
+                link.send(s);
+            }
         }
         Ok(())
     }
