@@ -82,6 +82,26 @@ pub fn closed_by_peer(fd: RawFd) -> bool {
     }
 }
 
+/// Makes `fd` readable (for `poll`) only once `bytes` are queued, or at its end.
+pub fn set_read_low_mark(fd: RawFd, bytes: usize) -> io::Result<()> {
+    let v = libc::c_int::try_from(bytes.max(1)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: a c_int option value through a valid pointer and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Waits until `fd` is readable (or hung up) for at most `timeout`.
 pub fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<bool> {
     let mut pfd = libc::pollfd {

@@ -177,8 +177,14 @@ impl Transport for TcpTransport {
     ) -> Result<(), TransportError> {
         let addr = self.data_addr(segment, peer)?;
         let link = self.link(addr, self.v2(peer))?;
-        // Alone in a batch its caller waits for at once: it may run on the caller's thread.
-        let lone = slices.len() == 1 && slices.first().is_some_and(|s| s.batch.caller_waits());
+        // A batch its caller waits for at once may run on the caller's thread.
+        let waited = slices.first().is_some_and(|s| s.batch.caller_waits());
+        let lone = waited && slices.len() == 1;
+        let slices = if waited && !lone {
+            link.send_here(slices)
+        } else {
+            slices
+        };
         for s in slices {
             if lone {
                 link.send_lone(s);

@@ -183,6 +183,8 @@ fn serve(
     let mut ahead = ReadAhead::default();
     let mut statuses = HeldStatuses::default();
     let mut scratch = Vec::new();
+    // The region of the last request, looked at first for the next.
+    let mut last = None;
     // The last request was small: a client issuing small requests one after another sends
     // the next within microseconds. After large ones the time goes to moving bytes, and a
     // spinning thread would only take a CPU from one that moves them.
@@ -203,7 +205,7 @@ fn serve(
         // 1 ns per byte, as upstream bounds a transfer: a peer that sends a byte at a time
         // holds this connection, its thread and any staging for that long at most.
         cut.set_deadline(Some(shared.io_timeout + Duration::from_nanos(h.size)));
-        let Some(pin) = shared.memory.pin(h.addr, h.size, &holder) else {
+        let Some(pin) = shared.memory.pin_near(h.addr, h.size, &holder, &mut last) else {
             tracing::warn!(
                 "rejected {:?} of {:#x}+{} from {peer}: not inside one registered buffer",
                 h.opcode,
