@@ -449,7 +449,11 @@ mod tests {
         drop(m.pin_near(0x1010, 0x10, &holder, &mut last).unwrap());
         assert_eq!(last.as_ref().unwrap().addr, 0x1000);
         drop(m.pin_near(0x2000, 0x100, &holder, &mut last).unwrap());
-        assert_eq!(last.as_ref().unwrap().addr, 0x2000, "another region: looked up");
+        assert_eq!(
+            last.as_ref().unwrap().addr,
+            0x2000,
+            "another region: looked up"
+        );
         assert!(m.pin_near(0x2000, 0x101, &holder, &mut last).is_none());
         assert!(m.pin_near(0x2000, 0, &holder, &mut last).is_none());
         // Unregistered and registered again at the same address, shorter: the kept
@@ -459,7 +463,10 @@ mod tests {
         let again = m.register(0x2000, 0x20, "*").unwrap();
         let pin = m.pin_near(0x2000, 0x10, &holder, &mut last).unwrap();
         assert!(Arc::ptr_eq(last.as_ref().unwrap(), &again));
-        assert!(pin.span(0x2000, 0x21).is_none(), "the old region's length is gone");
+        assert!(
+            pin.span(0x2000, 0x21).is_none(),
+            "the old region's length is gone"
+        );
     }
 
     /// Holders on many threads pin and unpin while the region is unregistered: no pin is
@@ -495,10 +502,18 @@ mod tests {
                 .collect();
             std::thread::sleep(Duration::from_millis(2));
             m.unregister(0x1000).unwrap();
-            assert_eq!(inside.load(SeqCst), 0, "a pin out after unregister returned");
+            assert_eq!(
+                inside.load(SeqCst),
+                0,
+                "a pin out after unregister returned"
+            );
             done.store(true, SeqCst);
             for t in threads {
-                assert_eq!(t.join().unwrap(), 0, "a pin granted after unregister returned");
+                assert_eq!(
+                    t.join().unwrap(),
+                    0,
+                    "a pin granted after unregister returned"
+                );
             }
         }
     }

@@ -68,7 +68,7 @@ pub struct PeerLink {
     /// Idle connections of no lane on which callers send their batches themselves (see
     /// [`PeerLink::send_here`]).
     callers: Mutex<Vec<Conn>>,
-    /// Caller connections open, idle or in use: at most the lanes per peer.
+    /// Caller connections open, idle or in use: at most `MC_TCP_CALLER_CONNS`.
     caller_conns: AtomicUsize,
     caller_cap: usize,
 }
@@ -171,7 +171,7 @@ impl PeerLink {
             direct: Mutex::new(Direct::default()),
             callers: Mutex::new(Vec::new()),
             caller_conns: AtomicUsize::new(0),
-            caller_cap: CALLER_CONNS_PER_LANE * cfg.tcp_lanes_per_peer,
+            caller_cap: cfg.tcp_caller_conns,
         })
     }
 
@@ -262,7 +262,8 @@ impl PeerLink {
     pub fn send_here(&self, slices: Vec<Slice>) -> Vec<Slice> {
         let shared = &self.shared;
         let bytes: u64 = slices.iter().map(|s| s.len).sum();
-        if bytes > CALLER_BATCH_BYTES
+        if self.caller_cap == 0
+            || bytes > CALLER_BATCH_BYTES
             || shared.busy.load(Ordering::Acquire) < shared.lanes.budget().share()
             || slices.iter().any(|s| s.local_device.is_some())
             || shared.stopping.load(Ordering::Acquire)
@@ -591,11 +592,6 @@ fn open_direct(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, Strin
 /// by the lanes' connections in parallel.
 const CALLER_BATCH_BYTES: u64 = 4 << 20;
 
-/// Caller connections per peer at most, per lane: each caller holds one for its batch,
-/// and 10 callers to one peer over 8 (the 16-CPU host's lanes) left two on the lanes,
-/// 13% slower than with 16 (device calls of session 9).
-const CALLER_CONNS_PER_LANE: usize = 2;
-
 /// Statuses of a caller's batch that the caller waits for itself at most (they must fit
 /// the socket's receive buffer).
 const CALLER_REPLIES: usize = 1024;
@@ -763,7 +759,7 @@ impl Conn {
     /// on this thread once all of them have come, waiting until `until`; past it they
     /// are left to the receiver, and the caller waits as for any batch.
     fn settle_here(&mut self, group: &mut Vec<Held>, shared: &LinkShared, until: Instant) {
-        if !self.statuses_here(group.len() * STATUS_LEN, shared, until) {
+        if !self.statuses_here(group.len() * STATUS_LEN, until) {
             for held in group.drain(..) {
                 self.sent(held, shared);
             }
@@ -778,19 +774,17 @@ impl Conn {
         }
     }
 
-    /// Waits (spinning first, then in `poll` with the socket's low mark at what is
-    /// missing) until `whole` bytes of replies are here or the connection ended, so that
-    /// reading them cannot block; false if `until` came first.
-    fn statuses_here(&self, whole: usize, shared: &LinkShared, until: Instant) -> bool {
+    /// Waits (in `poll`, with the socket's low mark at what is missing) until `whole`
+    /// bytes of replies are here or the connection ended, so that reading them cannot
+    /// block; false if `until` came first. It does not spin: the statuses of a batch come
+    /// after the peer has taken in all of it, hundreds of microseconds for the serving
+    /// shape, and a spin of `MC_TCP_SPIN_US` (one `FIONREAD` after another) only burned
+    /// that much CPU per batch.
+    fn statuses_here(&self, whole: usize, until: Instant) -> bool {
         let fd = self.stream.as_raw_fd();
         let need = whole.saturating_sub(self.replies.ahead.lock().buffered());
         // An error shows again when the replies are read.
-        let here = || {
-            crate::net::bytes_queued(fd)
-                .map_or(true, |n| n >= need)
-                .then_some(())
-        };
-        if need == 0 || here().is_some() || super::spin::spin_for(shared.spin, here).is_some() {
+        if need == 0 || crate::net::bytes_queued(fd).map_or(true, |n| n >= need) {
             return true;
         }
         if crate::net::set_read_low_mark(fd, need).is_err() {

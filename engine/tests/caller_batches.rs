@@ -1,0 +1,585 @@
+//! Batches sent on their caller's thread (`PeerLink::send_here`): under several threads
+//! issuing synchronous batches to the same peer at once, a batch whose link already has
+//! work goes out over one of the link's caller connections instead of the lanes.
+//!
+//! Only concurrency takes that path, so every test here runs many callers at once: against
+//! real engines on loopback (every byte checked, and the connections counted to show the
+//! caller connections opened), and against stand-in peers on raw sockets (a real engine
+//! never misbehaves on purpose) that never answer, stop reading, or answer with garbage.
+//! There each call must fail within its deadline plus a margin, the caller's memory must
+//! not be sent from after the call returned, and the engine must still move bytes after.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+
+mod raw_peer;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use transfer_engine::metadata::handshake::HandshakeServer;
+use transfer_engine::wire::tcp::{RequestHeader, HEADER_LEN};
+use transfer_engine::{
+    Config, EngineError, HostBuffer, OpCode, Request, TransferEngine, TransferError,
+};
+
+/// Requests per batch, and bytes per request: a batch is 1 MiB, under the 4 MiB up to
+/// which a batch may be sent on its caller's thread.
+const REQS: usize = 32;
+const BLOCK: usize = 32 << 10;
+/// Bytes of one thread's region, locally and on each target.
+const SLOT: usize = REQS * BLOCK;
+
+/// Two lanes per peer: without caller connections a link opens at most 2 lane connections
+/// and 1 direct one (for lone small requests, which these tests never send).
+const LANES: usize = 2;
+const WITHOUT_CALLERS: u64 = LANES as u64 + 1;
+
+fn two_lanes() -> Config {
+    Config {
+        tcp_lanes_per_peer: LANES,
+        ..Config::default()
+    }
+}
+
+/// Deterministic, non-periodic test data.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Where request `i` of a batch lands in the remote slot: a permutation, so that a reply
+/// or payload matched to the wrong request of the batch shows as wrong bytes.
+/// (`reqs` a power of two: 7 is prime to it.)
+fn spread(i: usize, reqs: usize) -> usize {
+    i * 7 % reqs
+}
+
+/// A batch of `reqs` requests of `block` bytes: local block `i` to remote block
+/// `spread(i)`.
+fn batch(op: OpCode, local: u64, remote: u64, reqs: usize, block: usize) -> Vec<Request> {
+    (0..reqs)
+        .map(|i| {
+            Request::new(
+                op,
+                local + (i * block) as u64,
+                remote + (spread(i, reqs) * block) as u64,
+                block as u64,
+            )
+        })
+        .collect()
+}
+
+fn connects(e: &TransferEngine) -> (u64, u64) {
+    let m = e.metrics();
+    let tcp = m.transports.iter().find(|t| t.protocol == "tcp").unwrap();
+    (tcp.connections.connects, tcp.connections.reconnects)
+}
+
+/// A real engine on loopback with a region of `len` bytes registered.
+struct Target {
+    _engine: TransferEngine,
+    mem: HostBuffer,
+    session: String,
+}
+
+impl Target {
+    fn start(len: usize) -> Self {
+        let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", two_lanes()).unwrap();
+        let mem = HostBuffer::new(len);
+        engine
+            .register_memory(mem.addr(), len as u64, "cpu:0")
+            .unwrap();
+        let session = engine.session_id().to_string();
+        Self {
+            _engine: engine,
+            mem,
+            session,
+        }
+    }
+}
+
+/// `threads` threads, each `rounds` times: a synchronous batch of writes of its slot
+/// (data of its own and the round) to one of `targets` (rotating), a batch of reads of it
+/// back into another buffer; both the read-back and the target's memory are compared.
+fn many_callers(initiator: &TransferEngine, targets: &[Target], threads: usize, rounds: usize) {
+    let out = HostBuffer::new(threads * SLOT);
+    let back = HostBuffer::new(threads * SLOT);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (out, back) = (&out, &back);
+            s.spawn(move || {
+                // Each round's data is a different window of the thread's own pattern.
+                let source = pattern(2 * SLOT, t as u64 + 1);
+                let off = t * SLOT;
+                for round in 0..rounds {
+                    // Threads start on different targets, so each target has several
+                    // callers at once.
+                    let target = &targets[(t + round) % targets.len()];
+                    let shift = (round * 4104) % SLOT;
+                    let data = &source[shift..shift + SLOT];
+                    out.write_at(off, data).unwrap();
+                    let remote = target.mem.addr() + off as u64;
+                    let writes = batch(OpCode::Write, out.addr() + off as u64, remote, REQS, BLOCK);
+                    // SAFETY: both buffers outlive the call, which waits for the batch.
+                    unsafe { initiator.transfer_sync(&target.session, &writes) }
+                        .unwrap_or_else(|e| panic!("thread {t} round {round}: writes: {e}"));
+                    let reads = batch(OpCode::Read, back.addr() + off as u64, remote, REQS, BLOCK);
+                    // SAFETY: as above.
+                    unsafe { initiator.transfer_sync(&target.session, &reads) }
+                        .unwrap_or_else(|e| panic!("thread {t} round {round}: reads: {e}"));
+                    assert!(
+                        back.read_at(off, SLOT).unwrap() == data,
+                        "thread {t} round {round}: the bytes read back differ"
+                    );
+                    let there = target.mem.read_at(off, SLOT).unwrap();
+                    for i in 0..REQS {
+                        let at = spread(i, REQS) * BLOCK;
+                        assert!(
+                            there[at..at + BLOCK] == data[i * BLOCK..(i + 1) * BLOCK],
+                            "thread {t} round {round}: request {i} landed wrong on the target"
+                        );
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn many_callers_to_one_peer_move_every_byte_over_caller_connections() {
+    const THREADS: usize = 12;
+    let target = Target::start(THREADS * SLOT);
+    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", two_lanes()).unwrap();
+    many_callers(&initiator, std::slice::from_ref(&target), THREADS, 100);
+    let (opened, reopened) = connects(&initiator);
+    // More than the lanes and the direct connection could account for: callers sent
+    // batches on connections of their own.
+    assert!(
+        opened > WITHOUT_CALLERS,
+        "{opened} connections opened to one peer: no caller connection"
+    );
+    // Within the lanes and the caller connections' cap (2 per lane), none replaced.
+    assert!(
+        opened <= 3 * LANES as u64 + 1,
+        "{opened} connections opened"
+    );
+    assert_eq!(reopened, 0, "a connection broke on a healthy peer");
+}
+
+/// As a serving framework with several decode peers does: each thread rotates its
+/// batches over four targets.
+#[test]
+fn many_callers_rotating_over_four_peers_move_every_byte_over_caller_connections() {
+    const THREADS: usize = 12;
+    const PEERS: usize = 4;
+    let targets: Vec<Target> = (0..PEERS).map(|_| Target::start(THREADS * SLOT)).collect();
+    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", two_lanes()).unwrap();
+    many_callers(&initiator, &targets, THREADS, 100);
+    let (opened, reopened) = connects(&initiator);
+    assert!(
+        opened > PEERS as u64 * WITHOUT_CALLERS,
+        "{opened} connections opened to {PEERS} peers: no caller connection"
+    );
+    assert_eq!(reopened, 0, "a connection broke on a healthy peer");
+}
+
+// ---- Stand-in peers -------------------------------------------------------------------
+
+const PAGE: usize = 4096;
+const GUARD_FILL: u8 = 0x5A;
+/// What the callers write; any other byte on the wire was read from memory after free.
+const WRITE_FILL: u8 = 0x22;
+const REUSED_FILL: u8 = 0x11;
+
+/// Anonymous memory laid out as guard | buffer | guard (as in memory_contract.rs).
+struct Mapping {
+    base: *mut u8,
+    guard: usize,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(len: usize, guard: usize) -> Self {
+        let total = len + 2 * guard;
+        // SAFETY: a fresh private anonymous mapping.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let m = Self {
+            base: base.cast(),
+            guard,
+            len,
+        };
+        // SAFETY: inside the mapping.
+        unsafe {
+            std::ptr::write_bytes(m.base, GUARD_FILL, guard);
+            std::ptr::write_bytes(m.base.add(guard), WRITE_FILL, len);
+            std::ptr::write_bytes(m.base.add(guard + len), GUARD_FILL, guard);
+        }
+        m
+    }
+
+    fn buffer(&self) -> u64 {
+        self.base as u64 + self.guard as u64
+    }
+
+    /// munmap the buffer, then map fresh pages at the same address (the allocator reusing
+    /// it) and fill them.
+    fn free_and_reuse(&self) {
+        let at = self.buffer() as *mut libc::c_void;
+        // SAFETY: the buffer part of our own mapping.
+        assert_eq!(unsafe { libc::munmap(at, self.len) }, 0);
+        // SAFETY: the range was just unmapped; MAP_FIXED puts the new pages exactly there.
+        let again = unsafe {
+            libc::mmap(
+                at,
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(again, at);
+        // SAFETY: freshly mapped.
+        unsafe { std::ptr::write_bytes(at.cast::<u8>(), REUSED_FILL, self.len) };
+    }
+
+    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off), out.as_mut_ptr(), len) };
+        out
+    }
+
+    /// Writes never write into local memory: the reused pages and the guards are as left.
+    fn assert_untouched(&self) {
+        let buf = self.bytes(self.guard, self.len);
+        if let Some(i) = buf.iter().position(|&b| b != REUSED_FILL) {
+            panic!(
+                "byte {i} of the reused memory changed to {:#04x} after the call returned",
+                buf[i]
+            );
+        }
+        for (name, off) in [("before", 0), ("after", self.guard + self.len)] {
+            let g = self.bytes(off, self.guard);
+            assert!(
+                g.iter().all(|&b| b == GUARD_FILL),
+                "guard zone {name} the buffer changed"
+            );
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.base.cast(), self.len + 2 * self.guard) };
+    }
+}
+
+/// How a [`HostilePeer`] answers the requests it reads.
+#[derive(Clone, Copy, Debug)]
+enum Answer {
+    /// Reads every request and its payload, answers nothing.
+    Never,
+    /// Reads this many requests per connection, then nothing (until resumed), and
+    /// answers nothing: the client's sends fill the socket and block.
+    StopReadingAfter(usize),
+    /// Answers every request with 8 bytes of 0xFF (no status magic).
+    Garbage,
+}
+
+/// A stand-in engine: a descriptor with one big buffer, and a data port served per
+/// [`Answer`]. It counts what it read, and payload bytes other than [`WRITE_FILL`].
+struct HostilePeer {
+    session: String,
+    remote: u64,
+    requests: Arc<AtomicU64>,
+    foreign: Arc<AtomicU64>,
+    resume: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    _rpc: HandshakeServer,
+}
+
+impl HostilePeer {
+    fn start(answer: Answer) -> Self {
+        let data = TcpListener::bind("127.0.0.1:0").unwrap();
+        let data_port = data.local_addr().unwrap().port();
+        let requests = Arc::new(AtomicU64::new(0));
+        let foreign = Arc::new(AtomicU64::new(0));
+        let resume = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        {
+            let (requests, foreign, resume, conns) = (
+                requests.clone(),
+                foreign.clone(),
+                resume.clone(),
+                conns.clone(),
+            );
+            std::thread::spawn(move || {
+                for s in data.incoming().flatten() {
+                    let (requests, foreign, resume) =
+                        (requests.clone(), foreign.clone(), resume.clone());
+                    let t = std::thread::spawn(move || {
+                        serve(s, answer, &requests, &foreign, &resume);
+                    });
+                    conns.lock().unwrap().push(t);
+                }
+            });
+        }
+        let remote = 0x7f00_0000_0000;
+        let (session, rpc) = raw_peer::serve_descriptor(data_port, remote);
+        Self {
+            session,
+            remote,
+            requests,
+            foreign,
+            resume,
+            conns,
+            _rpc: rpc,
+        }
+    }
+
+    /// Lets every connection read on (what was sent before the calls returned, and what
+    /// would have been sent after), to its end; returns once each has ended.
+    fn drain(&self) {
+        self.resume.store(true, Ordering::Release);
+        let conns = std::mem::take(&mut *self.conns.lock().unwrap());
+        for t in conns {
+            t.join().unwrap();
+        }
+    }
+}
+
+fn serve(
+    mut s: TcpStream,
+    answer: Answer,
+    requests: &AtomicU64,
+    foreign: &AtomicU64,
+    resume: &AtomicBool,
+) {
+    // Only a guard: the initiator's end (engine dropped) ends every connection.
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut header = [0u8; HEADER_LEN];
+    let mut payload = vec![0u8; 64 << 10];
+    let mut read = 0usize;
+    loop {
+        if let Answer::StopReadingAfter(n) = answer {
+            if read == n {
+                while !resume.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        }
+        if s.read_exact(&mut header).is_err() {
+            return;
+        }
+        let h = RequestHeader::decode(&header).unwrap();
+        read += 1;
+        requests.fetch_add(1, Ordering::Relaxed);
+        if h.opcode == OpCode::Write {
+            let mut left = h.size as usize;
+            while left > 0 {
+                let n = left.min(payload.len());
+                if s.read_exact(&mut payload[..n]).is_err() {
+                    return;
+                }
+                let odd = payload[..n].iter().filter(|&&b| b != WRITE_FILL).count();
+                foreign.fetch_add(odd as u64, Ordering::Relaxed);
+                left -= n;
+            }
+        }
+        if matches!(answer, Answer::Garbage) && s.write_all(&[0xFF; 8]).is_err() {
+            return;
+        }
+    }
+}
+
+/// A stand-in peer's misbehaviour, and what the callers must see.
+struct Case {
+    answer: Answer,
+    /// Requests per batch, and bytes per request.
+    reqs: usize,
+    block: usize,
+    /// The initiator's `transfer_timeout`.
+    timeout: Duration,
+    /// Each call returns within this.
+    limit: Duration,
+    /// The errors a call may fail with.
+    expected: fn(&TransferError) -> bool,
+}
+
+/// `threads` threads, each `rounds` synchronous batches of writes to `peer` from memory
+/// of its own, freed (and reused) the moment the call returns. Every call must fail as
+/// `case` expects, within its limit; returns the longest call.
+fn callers_against(
+    engine: &TransferEngine,
+    peer: &HostilePeer,
+    case: &Case,
+    threads: usize,
+    rounds: usize,
+) -> Duration {
+    let longest = Mutex::new(Duration::ZERO);
+    let slot = case.reqs * case.block;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let longest = &longest;
+            s.spawn(move || {
+                for round in 0..rounds {
+                    let mem = Mapping::new(slot, PAGE);
+                    let remote = peer.remote + (t * slot) as u64;
+                    let writes = batch(OpCode::Write, mem.buffer(), remote, case.reqs, case.block);
+                    let started = Instant::now();
+                    // SAFETY: the mapping is valid for the call; what happens after is
+                    // what is tested.
+                    let result = unsafe { engine.transfer_sync(&peer.session, &writes) };
+                    let took = started.elapsed();
+                    mem.free_and_reuse();
+                    match &result {
+                        Err(EngineError::Transfer { source, .. }) if (case.expected)(source) => {}
+                        other => panic!("thread {t} round {round}: {other:?}"),
+                    }
+                    assert!(took < case.limit, "thread {t} round {round}: took {took:?}");
+                    mem.assert_untouched();
+                    let mut l = longest.lock().unwrap();
+                    *l = (*l).max(took);
+                }
+            });
+        }
+    });
+    longest.into_inner().unwrap()
+}
+
+/// The calls against a peer behaving as `case` says fail in time and without sending
+/// from freed memory; then the same engine, still with many callers, moves every byte to
+/// a real target.
+fn hostile_peer_under_many_callers(case: &Case) {
+    let peer = HostilePeer::start(case.answer);
+    let engine = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            // Below upstream's 5 s minimum on purpose (set directly, not from MC_*).
+            transfer_timeout: case.timeout,
+            ..two_lanes()
+        },
+    )
+    .unwrap();
+    let longest = callers_against(&engine, &peer, case, 8, 2);
+    let (opened, reopened) = connects(&engine);
+    // Lanes reconnect after their connections are cut; caller connections are always
+    // counted as new ones: beyond the lanes' first ones, callers had connections.
+    assert!(
+        opened - reopened > LANES as u64,
+        "{opened} connects, {reopened} reconnects: no caller connection was opened"
+    );
+    assert!(peer.requests.load(Ordering::Relaxed) > 0);
+    let target = Target::start(4 * SLOT);
+    many_callers(&engine, std::slice::from_ref(&target), 4, 10);
+    drop(engine);
+    // Lets the stalled connections take what the engine had sent, and anything sent later.
+    peer.drain();
+    let foreign = peer.foreign.load(Ordering::Relaxed);
+    assert_eq!(
+        foreign, 0,
+        "{foreign} bytes sent from memory freed after the call"
+    );
+    eprintln!("{:?}: longest call {longest:?}", case.answer);
+}
+
+fn timeout_or_gone(e: &TransferError) -> bool {
+    matches!(
+        e,
+        TransferError::Timeout(_) | TransferError::PeerGone { .. }
+    )
+}
+
+/// Batches of 16 requests: as many as a connection's receiver queue takes
+/// (`MC_TCP_PIPELINE_DEPTH`), so that handing the statuses over to the receiver never
+/// waits for it (see the ignored test below for more).
+#[test]
+fn callers_to_a_peer_that_never_answers_fail_at_the_deadline() {
+    hostile_peer_under_many_callers(&Case {
+        answer: Answer::Never,
+        reqs: 16,
+        block: BLOCK,
+        timeout: Duration::from_millis(800),
+        limit: Duration::from_millis(800) + Duration::from_secs(5),
+        expected: timeout_or_gone,
+    });
+}
+
+/// Batches of 32 requests, twice what a connection's receiver queue takes. When the
+/// statuses do not come within 50 ms the caller hands the slices to the receiver, which
+/// is blocked reading the first missing status: the caller blocks in that hand-off until
+/// the receiver's read times out (`MC_TCP_STATUS_TIMEOUT_SEC`, 30 s), past the batch's
+/// deadline, since the caller itself is the one who would cancel the batch.
+#[test]
+#[ignore = "engine: a caller's batch of more than MC_TCP_PIPELINE_DEPTH requests to a silent peer returns after 30 s, not at its deadline"]
+fn callers_with_more_requests_than_the_pipeline_to_a_peer_that_never_answers_fail_at_the_deadline(
+) {
+    hostile_peer_under_many_callers(&Case {
+        answer: Answer::Never,
+        reqs: REQS,
+        block: BLOCK,
+        timeout: Duration::from_millis(800),
+        limit: Duration::from_millis(800) + Duration::from_secs(5),
+        expected: timeout_or_gone,
+    });
+}
+
+/// The callers' sends block in a full socket (4 MiB batches, the most a caller sends
+/// itself, to a peer that reads nothing): the send must give up at the batch's deadline.
+/// The connection's deadline is only looked at between `sendmsg` calls, and one blocked
+/// `sendmsg` waits out the socket's send timeout (`MC_TCP_STATUS_TIMEOUT_SEC`, 30 s).
+#[test]
+#[ignore = "engine: a caller blocked in sendmsg to a peer that stopped reading returns after 30 s, not at its deadline"]
+fn callers_to_a_peer_that_stops_reading_fail_at_the_deadline() {
+    hostile_peer_under_many_callers(&Case {
+        answer: Answer::StopReadingAfter(0),
+        reqs: 16,
+        block: 256 << 10,
+        timeout: Duration::from_millis(800),
+        limit: Duration::from_millis(800) + Duration::from_secs(5),
+        expected: timeout_or_gone,
+    });
+}
+
+/// Garbage instead of a status is a broken protocol: the calls fail at once, long before
+/// their deadline (20 s).
+#[test]
+fn callers_to_a_peer_answering_garbage_fail_at_once() {
+    hostile_peer_under_many_callers(&Case {
+        answer: Answer::Garbage,
+        reqs: REQS,
+        block: BLOCK,
+        timeout: Duration::from_secs(20),
+        limit: Duration::from_secs(5),
+        expected: |e| matches!(e, TransferError::Protocol { .. } | TransferError::PeerGone { .. }),
+    });
+}
