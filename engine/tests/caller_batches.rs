@@ -8,6 +8,8 @@
 //! never misbehaves on purpose) that never answer, stop reading, or answer with garbage.
 //! There each call must fail within its deadline plus a margin, the caller's memory must
 //! not be sent from after the call returned, and the engine must still move bytes after.
+//! Caller connections are off by default below 8 CPUs (`MC_TCP_CALLER_CONNS`): every
+//! engine here turns them on.
 
 #![allow(
     clippy::unwrap_used,
@@ -16,6 +18,7 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 
+mod guarded_memory;
 mod raw_peer;
 
 use std::io::{Read, Write};
@@ -25,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use guarded_memory::Mapping;
 use transfer_engine::metadata::handshake::HandshakeServer;
 use transfer_engine::wire::tcp::{RequestHeader, HEADER_LEN};
 use transfer_engine::{
@@ -42,10 +46,13 @@ const SLOT: usize = REQS * BLOCK;
 /// and 1 direct one (for lone small requests, which these tests never send).
 const LANES: usize = 2;
 const WITHOUT_CALLERS: u64 = LANES as u64 + 1;
+/// Caller connections per peer at most, set here: the default is none below 8 CPUs.
+const CALLER_CONNS: usize = 2 * LANES;
 
 fn two_lanes() -> Config {
     Config {
         tcp_lanes_per_peer: LANES,
+        tcp_caller_conns: CALLER_CONNS,
         ..Config::default()
     }
 }
@@ -168,15 +175,16 @@ fn many_callers_to_one_peer_move_every_byte_over_caller_connections() {
     let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", two_lanes()).unwrap();
     many_callers(&initiator, std::slice::from_ref(&target), THREADS, 100);
     let (opened, reopened) = connects(&initiator);
+    eprintln!("one peer: {opened} connects, {reopened} reconnects");
     // More than the lanes and the direct connection could account for: callers sent
     // batches on connections of their own.
     assert!(
         opened > WITHOUT_CALLERS,
         "{opened} connections opened to one peer: no caller connection"
     );
-    // Within the lanes and the caller connections' cap (2 per lane), none replaced.
+    // Within the lanes and the caller connections' cap, none replaced.
     assert!(
-        opened <= 3 * LANES as u64 + 1,
+        opened <= WITHOUT_CALLERS + CALLER_CONNS as u64,
         "{opened} connections opened"
     );
     assert_eq!(reopened, 0, "a connection broke on a healthy peer");
@@ -192,6 +200,7 @@ fn many_callers_rotating_over_four_peers_move_every_byte_over_caller_connections
     let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", two_lanes()).unwrap();
     many_callers(&initiator, &targets, THREADS, 100);
     let (opened, reopened) = connects(&initiator);
+    eprintln!("{PEERS} peers: {opened} connects, {reopened} reconnects");
     assert!(
         opened > PEERS as u64 * WITHOUT_CALLERS,
         "{opened} connections opened to {PEERS} peers: no caller connection"
@@ -202,105 +211,8 @@ fn many_callers_rotating_over_four_peers_move_every_byte_over_caller_connections
 // ---- Stand-in peers -------------------------------------------------------------------
 
 const PAGE: usize = 4096;
-const GUARD_FILL: u8 = 0x5A;
 /// What the callers write; any other byte on the wire was read from memory after free.
 const WRITE_FILL: u8 = 0x22;
-const REUSED_FILL: u8 = 0x11;
-
-/// Anonymous memory laid out as guard | buffer | guard (as in memory_contract.rs).
-struct Mapping {
-    base: *mut u8,
-    guard: usize,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(len: usize, guard: usize) -> Self {
-        let total = len + 2 * guard;
-        // SAFETY: a fresh private anonymous mapping.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        let m = Self {
-            base: base.cast(),
-            guard,
-            len,
-        };
-        // SAFETY: inside the mapping.
-        unsafe {
-            std::ptr::write_bytes(m.base, GUARD_FILL, guard);
-            std::ptr::write_bytes(m.base.add(guard), WRITE_FILL, len);
-            std::ptr::write_bytes(m.base.add(guard + len), GUARD_FILL, guard);
-        }
-        m
-    }
-
-    fn buffer(&self) -> u64 {
-        self.base as u64 + self.guard as u64
-    }
-
-    /// munmap the buffer, then map fresh pages at the same address (the allocator reusing
-    /// it) and fill them.
-    fn free_and_reuse(&self) {
-        let at = self.buffer() as *mut libc::c_void;
-        // SAFETY: the buffer part of our own mapping.
-        assert_eq!(unsafe { libc::munmap(at, self.len) }, 0);
-        // SAFETY: the range was just unmapped; MAP_FIXED puts the new pages exactly there.
-        let again = unsafe {
-            libc::mmap(
-                at,
-                self.len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        assert_eq!(again, at);
-        // SAFETY: freshly mapped.
-        unsafe { std::ptr::write_bytes(at.cast::<u8>(), REUSED_FILL, self.len) };
-    }
-
-    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
-        let mut out = vec![0u8; len];
-        // SAFETY: inside the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off), out.as_mut_ptr(), len) };
-        out
-    }
-
-    /// Writes never write into local memory: the reused pages and the guards are as left.
-    fn assert_untouched(&self) {
-        let buf = self.bytes(self.guard, self.len);
-        if let Some(i) = buf.iter().position(|&b| b != REUSED_FILL) {
-            panic!(
-                "byte {i} of the reused memory changed to {:#04x} after the call returned",
-                buf[i]
-            );
-        }
-        for (name, off) in [("before", 0), ("after", self.guard + self.len)] {
-            let g = self.bytes(off, self.guard);
-            assert!(
-                g.iter().all(|&b| b == GUARD_FILL),
-                "guard zone {name} the buffer changed"
-            );
-        }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping.
-        unsafe { libc::munmap(self.base.cast(), self.len + 2 * self.guard) };
-    }
-}
 
 /// How a [`HostilePeer`] answers the requests it reads.
 #[derive(Clone, Copy, Debug)]
@@ -423,6 +335,8 @@ fn serve(
 /// A stand-in peer's misbehaviour, and what the callers must see.
 struct Case {
     answer: Answer,
+    /// Batches per thread.
+    rounds: usize,
     /// Requests per batch, and bytes per request.
     reqs: usize,
     block: usize,
@@ -434,15 +348,14 @@ struct Case {
     expected: fn(&TransferError) -> bool,
 }
 
-/// `threads` threads, each `rounds` synchronous batches of writes to `peer` from memory
-/// of its own, freed (and reused) the moment the call returns. Every call must fail as
-/// `case` expects, within its limit; returns the longest call.
+/// `threads` threads, each `case.rounds` synchronous batches of writes to `peer` from
+/// memory of its own, freed (and reused) the moment the call returns. Every call must fail
+/// as `case` expects, within its limit; returns the longest call.
 fn callers_against(
     engine: &TransferEngine,
     peer: &HostilePeer,
     case: &Case,
     threads: usize,
-    rounds: usize,
 ) -> Duration {
     let longest = Mutex::new(Duration::ZERO);
     let slot = case.reqs * case.block;
@@ -450,8 +363,12 @@ fn callers_against(
         for t in 0..threads {
             let longest = &longest;
             s.spawn(move || {
-                for round in 0..rounds {
-                    let mem = Mapping::new(slot, PAGE);
+                // Started together, the threads would all find the link idle and queue
+                // to the lanes, round after round (they fail together at the deadline);
+                // one after another, each finds the batches before it still in flight.
+                std::thread::sleep(Duration::from_millis(10) * t as u32);
+                for round in 0..case.rounds {
+                    let mem = Mapping::new(slot, PAGE, WRITE_FILL);
                     let remote = peer.remote + (t * slot) as u64;
                     let writes = batch(OpCode::Write, mem.buffer(), remote, case.reqs, case.block);
                     let started = Instant::now();
@@ -484,13 +401,13 @@ fn hostile_peer_under_many_callers(case: &Case) {
         "127.0.0.1",
         "P2PHANDSHAKE",
         Config {
-            // Below upstream's 5 s minimum on purpose (set directly, not from MC_*).
+            // Set directly: MC_TRANSFER_TIMEOUT would not go under upstream's 5 s.
             transfer_timeout: case.timeout,
             ..two_lanes()
         },
     )
     .unwrap();
-    let longest = callers_against(&engine, &peer, case, 8, 2);
+    let longest = callers_against(&engine, &peer, case, 8);
     let (opened, reopened) = connects(&engine);
     // Lanes reconnect after their connections are cut; caller connections are always
     // counted as new ones: beyond the lanes' first ones, callers had connections.
@@ -498,18 +415,24 @@ fn hostile_peer_under_many_callers(case: &Case) {
         opened - reopened > LANES as u64,
         "{opened} connects, {reopened} reconnects: no caller connection was opened"
     );
-    assert!(peer.requests.load(Ordering::Relaxed) > 0);
     let target = Target::start(4 * SLOT);
     many_callers(&engine, std::slice::from_ref(&target), 4, 10);
     drop(engine);
     // Lets the stalled connections take what the engine had sent, and anything sent later.
     peer.drain();
+    assert!(
+        peer.requests.load(Ordering::Relaxed) > 0,
+        "the peer got no request"
+    );
     let foreign = peer.foreign.load(Ordering::Relaxed);
     assert_eq!(
         foreign, 0,
         "{foreign} bytes sent from memory freed after the call"
     );
-    eprintln!("{:?}: longest call {longest:?}", case.answer);
+    eprintln!(
+        "{:?}: longest call {longest:?}; {opened} connects, {reopened} reconnects",
+        case.answer
+    );
 }
 
 fn timeout_or_gone(e: &TransferError) -> bool {
@@ -519,13 +442,13 @@ fn timeout_or_gone(e: &TransferError) -> bool {
     )
 }
 
-/// Batches of 16 requests: as many as a connection's receiver queue takes
-/// (`MC_TCP_PIPELINE_DEPTH`), so that handing the statuses over to the receiver never
-/// waits for it (see the ignored test below for more).
+/// Batches of 16 requests, as many as a lane's receiver queue takes
+/// (`MC_TCP_PIPELINE_DEPTH`).
 #[test]
 fn callers_to_a_peer_that_never_answers_fail_at_the_deadline() {
     hostile_peer_under_many_callers(&Case {
         answer: Answer::Never,
+        rounds: 2,
         reqs: 16,
         block: BLOCK,
         timeout: Duration::from_millis(800),
@@ -534,17 +457,18 @@ fn callers_to_a_peer_that_never_answers_fail_at_the_deadline() {
     });
 }
 
-/// Batches of 32 requests, twice what a connection's receiver queue takes. When the
-/// statuses do not come within 50 ms the caller hands the slices to the receiver, which
-/// is blocked reading the first missing status: the caller blocks in that hand-off until
-/// the receiver's read times out (`MC_TCP_STATUS_TIMEOUT_SEC`, 30 s), past the batch's
-/// deadline, since the caller itself is the one who would cancel the batch.
+/// Batches of 32 requests, twice what a lane's receiver queue takes. When the statuses do
+/// not come within 50 ms the caller hands the slices to the connection's receiver, which
+/// is blocked reading the first missing status. With a queue bounded as a lane's, the
+/// caller blocked in that hand-off until the receiver's read timed out
+/// (`MC_TCP_STATUS_TIMEOUT_SEC`, 30 s), past the batch's deadline, since the caller itself
+/// is the one who cancels the batch (31 s, before caller connections' queues were unbounded).
 #[test]
-#[ignore = "engine: a caller's batch of more than MC_TCP_PIPELINE_DEPTH requests to a silent peer returns after 30 s, not at its deadline"]
-fn callers_with_more_requests_than_the_pipeline_to_a_peer_that_never_answers_fail_at_the_deadline(
-) {
+fn callers_with_more_requests_than_the_pipeline_to_a_peer_that_never_answers_fail_at_the_deadline()
+{
     hostile_peer_under_many_callers(&Case {
         answer: Answer::Never,
+        rounds: 2,
         reqs: REQS,
         block: BLOCK,
         timeout: Duration::from_millis(800),
@@ -555,13 +479,14 @@ fn callers_with_more_requests_than_the_pipeline_to_a_peer_that_never_answers_fai
 
 /// The callers' sends block in a full socket (4 MiB batches, the most a caller sends
 /// itself, to a peer that reads nothing): the send must give up at the batch's deadline.
-/// The connection's deadline is only looked at between `sendmsg` calls, and one blocked
-/// `sendmsg` waits out the socket's send timeout (`MC_TCP_STATUS_TIMEOUT_SEC`, 30 s).
+/// The connection's deadline is only looked at between `sendmsg` calls: one blocked
+/// `sendmsg` waited out the socket's send timeout (`MC_TCP_STATUS_TIMEOUT_SEC`, 30 s; 31 s
+/// here) until the caller's send timeout was set to what is left of the deadline.
 #[test]
-#[ignore = "engine: a caller blocked in sendmsg to a peer that stopped reading returns after 30 s, not at its deadline"]
 fn callers_to_a_peer_that_stops_reading_fail_at_the_deadline() {
     hostile_peer_under_many_callers(&Case {
         answer: Answer::StopReadingAfter(0),
+        rounds: 2,
         reqs: 16,
         block: 256 << 10,
         timeout: Duration::from_millis(800),
@@ -576,10 +501,17 @@ fn callers_to_a_peer_that_stops_reading_fail_at_the_deadline() {
 fn callers_to_a_peer_answering_garbage_fail_at_once() {
     hostile_peer_under_many_callers(&Case {
         answer: Answer::Garbage,
+        // Each call fails within milliseconds: many of them, for calls to overlap.
+        rounds: 20,
         reqs: REQS,
         block: BLOCK,
         timeout: Duration::from_secs(20),
         limit: Duration::from_secs(5),
-        expected: |e| matches!(e, TransferError::Protocol { .. } | TransferError::PeerGone { .. }),
+        expected: |e| {
+            matches!(
+                e,
+                TransferError::Protocol { .. } | TransferError::PeerGone { .. }
+            )
+        },
     });
 }

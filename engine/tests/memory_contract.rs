@@ -12,6 +12,7 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 
+mod guarded_memory;
 mod raw_peer;
 
 use std::io::{ErrorKind, Read, Write};
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use guarded_memory::Mapping;
 use transfer_engine::metadata::handshake::HandshakeServer;
 use transfer_engine::wire::tcp::{RequestHeader, Status, HEADER_LEN};
 use transfer_engine::{
@@ -29,102 +31,7 @@ use transfer_engine::{
 };
 
 const PAGE: usize = 4096;
-const GUARD_FILL: u8 = 0x5A;
 const PEER_BYTE: u8 = 0xAB;
-const REUSED_FILL: u8 = 0x11;
-
-/// Anonymous memory laid out as guard | buffer | guard, all mapped.
-struct Mapping {
-    base: *mut u8,
-    guard: usize,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(len: usize, guard: usize) -> Self {
-        let total = len + 2 * guard;
-        // SAFETY: a fresh private anonymous mapping.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        let m = Self {
-            base: base.cast(),
-            guard,
-            len,
-        };
-        // SAFETY: inside the mapping.
-        unsafe {
-            std::ptr::write_bytes(m.base, GUARD_FILL, guard);
-            std::ptr::write_bytes(m.base.add(guard + len), GUARD_FILL, guard);
-        }
-        m
-    }
-
-    fn buffer(&self) -> u64 {
-        self.base as u64 + self.guard as u64
-    }
-
-    /// munmap the buffer, then map fresh pages at the same address (the allocator reusing
-    /// it) and fill them.
-    fn free_and_reuse(&self) {
-        let at = self.buffer() as *mut libc::c_void;
-        // SAFETY: the buffer part of our own mapping.
-        assert_eq!(unsafe { libc::munmap(at, self.len) }, 0);
-        // SAFETY: the range was just unmapped; MAP_FIXED puts the new pages exactly there.
-        let again = unsafe {
-            libc::mmap(
-                at,
-                self.len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        assert_eq!(again, at);
-        // SAFETY: freshly mapped.
-        unsafe { std::ptr::write_bytes(at.cast::<u8>(), REUSED_FILL, self.len) };
-    }
-
-    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
-        let mut out = vec![0u8; len];
-        // SAFETY: inside the mapping; the engine no longer touches it (what is tested).
-        unsafe { std::ptr::copy_nonoverlapping(self.base.add(off), out.as_mut_ptr(), len) };
-        out
-    }
-
-    fn assert_untouched(&self) {
-        let buf = self.bytes(self.guard, self.len);
-        if let Some(i) = buf.iter().position(|&b| b != REUSED_FILL) {
-            panic!(
-                "byte {i} of the reused memory changed to {:#04x} after the call returned",
-                buf[i]
-            );
-        }
-        for (name, off) in [("before", 0), ("after", self.guard + self.len)] {
-            let g = self.bytes(off, self.guard);
-            assert!(
-                g.iter().all(|&b| b == GUARD_FILL),
-                "guard zone {name} the buffer changed"
-            );
-        }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping.
-        unsafe { libc::munmap(self.base.cast(), self.len + 2 * self.guard) };
-    }
-}
 
 /// A peer that serves a descriptor with one big buffer, and on its data port answers
 /// the first read of each connection with the status and half of the bytes, then holds
@@ -266,7 +173,7 @@ fn a_timed_out_lone_small_read_never_writes_into_memory_freed_after_the_call() {
 fn timed_out_read_never_writes_after_the_call(len: usize, guard_pages: usize, limit: Duration) {
     let peer = StallingPeer::start();
     let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", short_timeout()).unwrap();
-    let mem = Mapping::new(len, guard_pages * PAGE);
+    let mem = Mapping::new(len, guard_pages * PAGE, 0);
     let req = Request::new(OpCode::Read, mem.buffer(), peer.remote, len as u64);
     let started = Instant::now();
     // SAFETY: the mapping is valid for the call; what happens after is what is tested.
@@ -297,7 +204,7 @@ fn an_async_batch_drained_after_its_deadline_never_writes_into_freed_memory() {
     let peer = StallingPeer::start();
     let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", short_timeout()).unwrap();
     let len = 16 << 20;
-    let mem = Mapping::new(len, 4 * PAGE);
+    let mem = Mapping::new(len, 4 * PAGE, 0);
     let reqs: Vec<Request> = (0..4)
         .map(|i| {
             let off = (i * (len / 4)) as u64;

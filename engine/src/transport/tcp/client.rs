@@ -19,6 +19,12 @@
 //! it, and reads the reply once the whole of it has arrived; past a few milliseconds the
 //! reply is left to that connection's receiver thread, so the caller never waits for a
 //! peer beyond its batch's deadline.
+//!
+//! A synchronous batch of several requests to a link whose lanes already have work goes
+//! out on the caller's thread as well ([`PeerLink::send_here`]), over one of the link's
+//! caller connections (`MC_TCP_CALLER_CONNS`), each held by one caller for its batch; for
+//! writes the caller also reads the statuses once all of them are there, or leaves them to
+//! the connection's receiver after [`CALLER_REPLY_WAIT`].
 
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -289,8 +295,14 @@ impl PeerLink {
         if let Some(first) = group.first() {
             let deadline = first.slice().batch.deadline();
             let now = Instant::now();
-            c.cut
-                .set_deadline(Some(deadline.saturating_duration_since(now)));
+            let left = deadline.saturating_duration_since(now);
+            c.cut.set_deadline(Some(left));
+            // A `sendmsg` blocked on a peer that stopped reading returns by the deadline,
+            // which the send then sees (the socket's own timeout is the status timeout).
+            let step = left.clamp(Duration::from_millis(1), shared.io_timeout);
+            if c.stream.set_write_timeout(Some(step)).is_err() {
+                c.break_off();
+            }
             // Writes answered by statuses only, on a connection that owes nothing else:
             // the replies are this batch's alone, and this thread can wait for them.
             let here = shared.v2
@@ -334,7 +346,7 @@ impl PeerLink {
             return None;
         }
         let mut broke = false;
-        match connect(shared, &mut broke) {
+        match connect(shared, &mut broke, Handoff::Unbounded) {
             Ok(c) => Some(c),
             Err(_) => {
                 self.caller_conns.fetch_sub(1, Ordering::AcqRel);
@@ -520,7 +532,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
                 shared.fail(slice, shared.unreachable(why));
                 continue;
             }
-            match connect(&shared, &mut broke) {
+            match connect(&shared, &mut broke, Handoff::Depth) {
                 Ok(c) => conn = Some(c),
                 Err(why) => {
                     shared.fail(slice, shared.unreachable(why));
@@ -554,8 +566,8 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
 /// Opens a connection to the peer and counts it (a reconnect if `broke`, which it clears);
 /// a failure is why, also kept as the link's recent death (new slices fail at once for
 /// [`DEAD_PEER_HOLD`]).
-fn connect(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, String> {
-    match Conn::open(shared) {
+fn connect(shared: &Arc<LinkShared>, broke: &mut bool, handoff: Handoff) -> Result<Conn, String> {
+    match Conn::open(shared, handoff) {
         Ok(c) => {
             *shared.dead.lock() = None;
             shared.counters.connects.fetch_add(1, Ordering::Relaxed);
@@ -579,7 +591,7 @@ fn open_direct(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, Strin
     if let Some(why) = shared.recently_dead() {
         return Err(why);
     }
-    let c = connect(shared, broke)?;
+    let c = connect(shared, broke, Handoff::Depth)?;
     // A request the socket does not take at once (a peer that stopped reading) breaks
     // the connection and goes to a lane, instead of holding up the caller.
     c.stream
@@ -607,6 +619,18 @@ const GROUP_REQUESTS: usize = 16;
 /// to carry its own system call.
 const GROUP_BYTES: u64 = 256 << 10;
 
+/// How many sent slices a connection's receiver may have queued before the sender waits.
+#[derive(Clone, Copy)]
+enum Handoff {
+    /// `MC_TCP_PIPELINE_DEPTH`: a lane then waits, the pipeline full.
+    Depth,
+    /// Any number: a caller's thread hands over its batch's slices and goes on to wait for
+    /// the batch, where its deadline is kept; blocked here, behind a receiver waiting for a
+    /// status that does not come, it was held for `MC_TCP_STATUS_TIMEOUT_SEC` instead.
+    /// What a caller hands over is one batch of at most [`CALLER_BATCH_BYTES`].
+    Unbounded,
+}
+
 struct Conn {
     id: u64,
     shared: Arc<LinkShared>,
@@ -633,12 +657,15 @@ struct Replies {
 }
 
 impl Conn {
-    fn open(shared: &Arc<LinkShared>) -> io::Result<Self> {
+    fn open(shared: &Arc<LinkShared>, handoff: Handoff) -> io::Result<Self> {
         let stream = TcpStream::connect_timeout(&shared.peer, shared.connect_timeout)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(shared.io_timeout))?;
         stream.set_write_timeout(Some(shared.io_timeout))?;
-        let (tx, rx) = bounded(shared.depth);
+        let (tx, rx) = match handoff {
+            Handoff::Depth => bounded(shared.depth),
+            Handoff::Unbounded => unbounded(),
+        };
         let pending = Arc::new(InFlight::default());
         let cut = Arc::new(SocketCut::new(stream.try_clone()?));
         let replies = Arc::new(Replies {
