@@ -18,6 +18,7 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 
+mod common;
 mod guarded_memory;
 mod raw_peer;
 
@@ -28,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::pattern;
 use guarded_memory::Mapping;
 use transfer_engine::metadata::handshake::HandshakeServer;
 use transfer_engine::wire::tcp::{RequestHeader, HEADER_LEN};
@@ -55,19 +57,6 @@ fn two_lanes() -> Config {
         tcp_caller_conns: CALLER_CONNS,
         ..Config::default()
     }
-}
-
-/// Deterministic, non-periodic test data.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Where request `i` of a batch lands in the remote slot: a permutation, so that a reply
