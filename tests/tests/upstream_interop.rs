@@ -202,6 +202,85 @@ fn our_initiator_with_v1_framing_reads_and_writes_upstream_target() {
     );
 }
 
+/// Many threads issuing synchronous batches at once, as vLLM's connector does: once the
+/// link is busy, our callers send their batches themselves, whole, on caller connections
+/// (on from 8 CPUs by default; forced on here), and read upstream's statuses themselves.
+/// Each thread writes its own part of upstream's buffer in batches of 32 x 32 KiB (a
+/// global pattern, checked by upstream), then reads it back in batches (checked here).
+#[test]
+fn many_callers_write_and_read_upstream_target_on_caller_connections() {
+    const THREADS: u64 = 8;
+    const REQS: u64 = 32;
+    const BLOCK: u64 = 32 << 10;
+    const ROUNDS: u64 = 12;
+    let part = REQS * BLOCK;
+    let size = THREADS * part;
+    let seed = 71;
+    let mut t = UpstreamTarget::spawn(size, 5);
+    let e = engine(Config {
+        tcp_lanes_per_peer: 2,
+        tcp_caller_conns: 4,
+        ..Config::default()
+    });
+    let (sid, rb) = (t.session_id.clone(), t.buffer);
+    std::thread::scope(|scope| {
+        for th in 0..THREADS {
+            let (e, sid) = (&e, &sid);
+            scope.spawn(move || {
+                let base = th * part;
+                let local = Buf::new(part as usize);
+                let back = Buf::new(part as usize);
+                fill_pattern_at(&local, 0, part, seed, base);
+                // Requests in a shuffled order, so that statuses matched to the wrong
+                // request would show.
+                let order = shuffled(REQS as usize, seed + th);
+                let batch = |op: OpCode, buf: &Buf| -> Vec<Request> {
+                    order
+                        .iter()
+                        .map(|&j| {
+                            let off = j as u64 * BLOCK;
+                            Request::new(op, buf.addr() + off, rb + base + off, BLOCK)
+                        })
+                        .collect()
+                };
+                for round in 0..ROUNDS {
+                    let (w, r) = (batch(OpCode::Write, &local), batch(OpCode::Read, &back));
+                    // SAFETY: both buffers outlive the synchronous calls.
+                    unsafe { e.transfer_sync(sid, &w) }
+                        .unwrap_or_else(|err| panic!("thread {th} round {round} write: {err}"));
+                    back.fill(0);
+                    // SAFETY: as above.
+                    unsafe { e.transfer_sync(sid, &r) }
+                        .unwrap_or_else(|err| panic!("thread {th} round {round} read: {err}"));
+                    assert_pattern(&back.to_vec(), seed, base, "read back by a caller");
+                }
+            });
+        }
+    });
+    let answer = t.check(0, size, seed);
+    assert_eq!(
+        answer,
+        "ok",
+        "upstream's buffer after the callers' writes\n{}",
+        t.stderr_tail(30)
+    );
+    let m = e.metrics();
+    let tcp = m.transports.iter().find(|t| t.protocol == "tcp").unwrap();
+    // Lanes (2) and the direct connection (1) are 3 at most: more were caller connections
+    // (with none, 2 opened).
+    assert!(
+        tcp.connections.connects > 3,
+        "{} connections: the callers never sent themselves",
+        tcp.connections.connects
+    );
+    assert_eq!(
+        tcp.connections.reconnects, 0,
+        "a connection to upstream broke"
+    );
+    drop(e);
+    t.finish();
+}
+
 #[test]
 fn requests_past_upstream_buffer_are_rejected_and_leave_it_unchanged() {
     let size: u64 = 1 << 20;
