@@ -504,3 +504,59 @@ fn callers_to_a_peer_answering_garbage_fail_at_once() {
         },
     });
 }
+
+/// A caller's send that a peer stalls gives the caller back within about a second, long
+/// before a far deadline (20 s): the caller then waits for its batch as any caller does,
+/// where the bindings see interrupts (Ctrl-C) and can cancel it. Before the send's stall
+/// was bounded, `submit_to_wait` itself blocked in `sendmsg` until the deadline.
+#[test]
+fn a_callers_send_stalled_by_the_peer_returns_the_caller_to_its_wait() {
+    let peer = HostilePeer::start(Answer::StopReadingAfter(0));
+    let engine = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            transfer_timeout: Duration::from_secs(20),
+            ..two_lanes()
+        },
+    )
+    .unwrap();
+    let (reqs, block) = (16, 256 << 10);
+    let longest = Mutex::new(Duration::ZERO);
+    // Every batch stays in flight until all are submitted: the later callers find the
+    // link busy.
+    let submitted = std::sync::Barrier::new(8);
+    std::thread::scope(|s| {
+        for t in 0..8usize {
+            let (engine, peer, longest, submitted) = (&engine, &peer, &longest, &submitted);
+            s.spawn(move || {
+                // One after another, so that later callers find the link busy.
+                std::thread::sleep(Duration::from_millis(10) * t as u32);
+                let local = HostBuffer::new(reqs * block);
+                local.fill(WRITE_FILL);
+                let remote = peer.remote + (t * reqs * block) as u64;
+                let writes = batch(OpCode::Write, local.addr(), remote, reqs, block);
+                let started = Instant::now();
+                // SAFETY: `local` outlives the batch, drained below before it is dropped.
+                let batch = unsafe { engine.submit_to_wait(&peer.session, &writes) }.unwrap();
+                let took = started.elapsed();
+                submitted.wait();
+                batch.cancel_and_drain();
+                let mut l = longest.lock().unwrap();
+                *l = (*l).max(took);
+            });
+        }
+    });
+    let longest = longest.into_inner().unwrap();
+    let (opened, reopened) = connects(&engine);
+    assert!(
+        opened - reopened > LANES as u64,
+        "{opened} connects, {reopened} reconnects: no caller connection was opened"
+    );
+    assert!(
+        longest < Duration::from_secs(5),
+        "a submit held its caller {longest:?} (deadline 20 s)"
+    );
+    drop(engine);
+    peer.drain();
+}

@@ -298,8 +298,9 @@ impl PeerLink {
             let left = deadline.saturating_duration_since(now);
             c.cut.set_deadline(Some(left));
             // A `sendmsg` blocked on a peer that stopped reading returns by the deadline,
-            // which the send then sees (the socket's own timeout is the status timeout).
-            let step = left.clamp(Duration::from_millis(1), shared.io_timeout);
+            // which the send then sees, or after `CALLER_SEND_STALL` without progress (the
+            // socket's own timeout is the status timeout, 30 s by default).
+            let step = left.clamp(Duration::from_millis(1), CALLER_SEND_STALL);
             if c.stream.set_write_timeout(Some(step)).is_err() {
                 c.break_off();
             }
@@ -607,6 +608,12 @@ const CALLER_BATCH_BYTES: u64 = 4 << 20;
 /// Statuses of a caller's batch that the caller waits for itself at most (they must fit
 /// the socket's receive buffer).
 const CALLER_REPLIES: usize = 1024;
+
+/// How long a caller's send may make no progress: then the connection is broken off, the
+/// batch's slices go to the lanes (as a re-send), and the caller waits as for any batch,
+/// where interrupts (Ctrl-C in Python) are seen. A peer that takes in nothing for this long
+/// has stopped reading.
+const CALLER_SEND_STALL: Duration = Duration::from_secs(1);
 
 /// How long a caller waits for its batch's statuses itself before it leaves them to the
 /// connection's receiver and waits as for any batch (where interrupts are seen).
