@@ -72,7 +72,7 @@ pub struct BatchState {
     /// Where finished requests are counted (set once, before any slice is posted).
     recorder: OnceLock<Recorder>,
     /// The submitting thread waits for the batch right after submitting it (a
-    /// synchronous call): a transport may run a lone small request on that thread.
+    /// synchronous call): a transport may send on that thread before the wait.
     caller_waits: AtomicBool,
 }
 

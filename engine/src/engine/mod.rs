@@ -408,9 +408,10 @@ impl TransferEngine {
     }
 
     /// [`submit`](Self::submit) for a caller that waits for the batch at once (a
-    /// synchronous call): a request alone in the batch, small and in host memory, may be
-    /// carried out on the calling thread before this returns (over TCP: one thread
-    /// hand-off each way fewer). The returned batch is waited for as any other.
+    /// synchronous call): over TCP, a request alone in the batch (small, host memory), or
+    /// a batch to a busy link (host memory, `MC_TCP_CALLER_CONNS`), may be sent on the
+    /// calling thread before this returns, saving thread hand-offs. The returned batch is
+    /// waited for as any other.
     ///
     /// # Safety
     /// As [`submit`](Self::submit).
@@ -433,8 +434,8 @@ impl TransferEngine {
         segment: &str,
         requests: &[Request],
     ) -> Result<(), EngineError> {
-        let id = self.inner.segment_id(segment)?;
-        let batch = self.inner.submit(&id, requests, true)?;
+        // SAFETY: as this function's contract.
+        let batch = unsafe { self.submit_to_wait(segment, requests) }?;
         batch.wait().map_err(|source| EngineError::Transfer {
             segment: segment.to_string(),
             source,

@@ -267,12 +267,11 @@ impl PeerLink {
     /// to the lanes, whose connections carry it in parallel.
     pub fn send_here(&self, slices: Vec<Slice>) -> Vec<Slice> {
         let shared = &self.shared;
-        let bytes: u64 = slices.iter().map(|s| s.len).sum();
         if self.caller_cap == 0
-            || bytes > CALLER_BATCH_BYTES
-            || shared.busy.load(Ordering::Acquire) < shared.lanes.budget().share()
-            || slices.iter().any(|s| s.local_device.is_some())
             || shared.stopping.load(Ordering::Acquire)
+            || shared.busy.load(Ordering::Acquire) < shared.lanes.budget().share()
+            || slices.iter().map(|s| s.len).sum::<u64>() > CALLER_BATCH_BYTES
+            || slices.iter().any(|s| s.local_device.is_some())
         {
             return slices;
         }
@@ -280,14 +279,11 @@ impl PeerLink {
             return slices;
         };
         shared.busy.fetch_add(slices.len(), Ordering::AcqRel);
-        self.note_work_at();
+        self.note_use();
         let mut group = Vec::with_capacity(slices.len());
         for slice in slices {
             if slice.batch.is_canceled() {
-                shared.fail(
-                    slice,
-                    TransferError::Canceled("its batch was canceled (deadline or interrupt)"),
-                );
+                shared.fail_canceled(slice);
             } else if let Some(held) = c.take(slice, shared) {
                 group.push(held);
             }
@@ -310,14 +306,10 @@ impl PeerLink {
                 && c.pending.is_empty()
                 && group.len() <= CALLER_REPLIES
                 && group.iter().all(|h| h.slice().op == OpCode::Write);
-            if c.write_group(&mut group, shared) {
-                if here {
-                    c.settle_here(&mut group, shared, deadline.min(now + CALLER_REPLY_WAIT));
-                } else {
-                    for held in group.drain(..) {
-                        c.sent(held, shared);
-                    }
-                }
+            if !here {
+                c.send_group(&mut group, shared);
+            } else if c.write_group(&mut group, shared) {
+                c.settle_here(&mut group, shared, deadline.min(now + CALLER_REPLY_WAIT));
             }
             c.cut.set_deadline(None);
         }
@@ -358,10 +350,10 @@ impl PeerLink {
 
     fn note_work(&self) {
         self.shared.busy.fetch_add(1, Ordering::AcqRel);
-        self.note_work_at();
+        self.note_use();
     }
 
-    fn note_work_at(&self) {
+    fn note_use(&self) {
         self.shared.lanes.busy();
         let now_ms = self.shared.created.elapsed().as_millis() as u64;
         self.shared.last_used_ms.store(now_ms, Ordering::Relaxed);
@@ -450,6 +442,14 @@ impl LinkShared {
         }
     }
 
+    /// Completes a slice of a canceled batch, not taken.
+    fn fail_canceled(&self, slice: Slice) {
+        self.fail(
+            slice,
+            TransferError::Canceled("its batch was canceled (deadline or interrupt)"),
+        );
+    }
+
     /// Completes a slice that was not taken.
     fn fail(&self, slice: Slice, error: TransferError) {
         slice.finish(Err(error));
@@ -518,10 +518,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
             continue;
         }
         if slice.batch.is_canceled() {
-            shared.fail(
-                slice,
-                TransferError::Canceled("its batch was canceled (deadline or interrupt)"),
-            );
+            shared.fail_canceled(slice);
             continue;
         }
         if conn.as_ref().is_some_and(Conn::is_stale) {
@@ -765,10 +762,7 @@ impl Conn {
                 break;
             }
             if slice.batch.is_canceled() {
-                shared.fail(
-                    slice,
-                    TransferError::Canceled("its batch was canceled (deadline or interrupt)"),
-                );
+                shared.fail_canceled(slice);
                 continue;
             }
             if let Some(held) = self.take(slice, shared) {
@@ -801,10 +795,7 @@ impl Conn {
         }
         let mut failure: Option<String> = None;
         for held in group.drain(..) {
-            match &failure {
-                Some(why) => shared.retry_or_fail(held, why),
-                None => failure = settle(&self.replies, held, shared, Duration::ZERO),
-            }
+            settle_next(&self.replies, held, shared, &mut failure);
         }
     }
 
@@ -1098,12 +1089,18 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
     // with work (15% of 64 KiB throughput on the 16-core host).
     while let Ok(held) = rx.recv() {
         let owed = owed_bytes(held.slice());
-        match &failure {
-            Some(why) => shared.retry_or_fail(held, why),
-            None => failure = settle(replies, held, &shared, Duration::ZERO),
-        }
+        settle_next(replies, held, &shared, &mut failure);
         // After the reply was read: the lane may now read the next one itself.
         pending.done(owed);
+    }
+}
+
+/// Settles the next of the slices in flight on a connection, in order: reads its reply,
+/// or, once the connection has failed (`failure`, set here), re-sends it once elsewhere.
+fn settle_next(replies: &Replies, held: Held, shared: &LinkShared, failure: &mut Option<String>) {
+    match failure {
+        Some(why) => shared.retry_or_fail(held, why),
+        None => *failure = settle(replies, held, shared, Duration::ZERO),
     }
 }
 

@@ -179,19 +179,16 @@ impl Transport for TcpTransport {
         let link = self.link(addr, self.v2(peer))?;
         // A batch its caller waits for at once may run on the caller's thread.
         let waited = slices.first().is_some_and(|s| s.batch.caller_waits());
-        let lone = waited && slices.len() == 1;
-        let slices = if waited && !lone {
+        if waited && slices.len() == 1 {
+            slices.into_iter().for_each(|s| link.send_lone(s));
+            return Ok(());
+        }
+        let slices = if waited {
             link.send_here(slices)
         } else {
             slices
         };
-        for s in slices {
-            if lone {
-                link.send_lone(s);
-            } else {
-                link.send(s);
-            }
-        }
+        slices.into_iter().for_each(|s| link.send(s));
         Ok(())
     }
 
