@@ -92,7 +92,10 @@ pub struct Config {
     /// (never under 2 per link), 1–1024; default from the CPUs ([`lane_budget_for_cpus`]).
     pub tcp_lane_budget: usize,
     /// `MC_TCP_STRIPE_SIZE` (ours): requests larger than this are split into
-    /// stripes that travel on different lanes.
+    /// stripes that travel on different lanes. 1 MiB: the lanes of a batch of 4 MiB
+    /// requests then finish within a stripe of each other, where whole requests left
+    /// lanes idle at the batch's end (on the 16-CPU host, 4 MiB batches moved 18-21%
+    /// more over 8 lanes and 3-8% more over 12; on 2 CPUs the same, within the noise).
     pub tcp_stripe_size: u64,
     /// `MC_TCP_PIPELINE_DEPTH` (ours): requests in flight per lane before the
     /// sender waits for replies.
@@ -244,7 +247,7 @@ impl Default for Config {
             tcp_status_timeout: Duration::from_secs(30),
             tcp_lanes_per_peer: default_lanes(),
             tcp_lane_budget: lane_budget_for_cpus(available_cpus()),
-            tcp_stripe_size: 4 << 20,
+            tcp_stripe_size: 1 << 20,
             tcp_pipeline_depth: 16,
             tcp_spin: spin_for_cpus(available_cpus()),
             tcp_caller_conns: caller_conns_for_cpus(available_cpus()),
@@ -333,13 +336,15 @@ pub fn waiter_looks_for_cpus(cpus: usize) -> u32 {
 }
 
 /// Lanes per peer for a process that may run on `cpus` CPUs (its affinity mask and cgroup
-/// quota, as `available_parallelism` counts them): one per CPU up to 4, then half the CPUs
-/// up to 8. Each lane is a sending and a receiving thread here and a serving thread on the
-/// peer, so more lanes than that only add context switches. On the 16-core host 8 lanes
-/// moved 1.8x the bytes of 4 for 4 MiB writes (docs/benchmarks.md, issue 12). NUMA is not
-/// considered: the hosts measured have one node.
+/// quota, as `available_parallelism` counts them, so a process bound to one NUMA node with
+/// `numactl --cpunodebind` or `taskset` counts that node's CPUs): one per CPU up to 4,
+/// then three quarters of the CPUs, up to 16 (`MC_TCP_LANES_PER_PEER`'s most). A lane's
+/// copies of cold memory wait on it more than they use a CPU, so lanes beyond half the
+/// CPUs still add throughput: on the 16-CPU host 4 MiB writes moved 12.0-12.1 GB/s over 4
+/// lanes, 20.6-21.4 over 8, 26.4-28.1 over 12 and 26.2-28.8 over 16 (reads alike); on 8
+/// CPUs, ... (docs/benchmarks.md, issue 12). The hosts measured have one NUMA node each.
 pub fn lanes_for_cpus(cpus: usize) -> usize {
-    cpus.clamp(1, 4).max((cpus / 2).min(8))
+    cpus.clamp(1, 4).max((cpus * 3 / 4).min(16))
 }
 
 /// Lanes over all peers for a process that may run on `cpus` CPUs: one per CPU, and never
@@ -934,7 +939,7 @@ mod tests {
             .iter()
             .map(|&n| lanes_for_cpus(n))
             .collect();
-        assert_eq!(lanes, [1, 2, 3, 4, 4, 5, 8, 8, 8]);
+        assert_eq!(lanes, [1, 2, 3, 4, 6, 7, 12, 16, 16]);
         let budgets: Vec<usize> = [1, 2, 4, 16].map(lane_budget_for_cpus).to_vec();
         assert_eq!(budgets, [1, 2, 4, 16]);
         assert_eq!(spin_for_cpus(1), Duration::ZERO);
@@ -943,7 +948,7 @@ mod tests {
         assert_eq!(waiter_looks_for_cpus(16), 64);
         assert_eq!(spin_for_cpus(16), Duration::from_micros(50));
         let callers: Vec<usize> = [2, 4, 7, 8, 16, 64].map(caller_conns_for_cpus).to_vec();
-        assert_eq!(callers, [0, 0, 0, 8, 16, 16]);
+        assert_eq!(callers, [0, 0, 0, 12, 24, 32]);
         for n in 1..=256 {
             assert!(lanes_for_cpus(n) >= n.clamp(1, 4), "{n} CPUs");
             assert!(lanes_for_cpus(n) <= 16, "{n} CPUs");
