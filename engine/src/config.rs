@@ -337,14 +337,16 @@ pub fn waiter_looks_for_cpus(cpus: usize) -> u32 {
 
 /// Lanes per peer for a process that may run on `cpus` CPUs (its affinity mask and cgroup
 /// quota, as `available_parallelism` counts them, so a process bound to one NUMA node with
-/// `numactl --cpunodebind` or `taskset` counts that node's CPUs): one per CPU up to 4,
-/// then three quarters of the CPUs, up to 16 (`MC_TCP_LANES_PER_PEER`'s most). A lane's
-/// copies of cold memory wait on it more than they use a CPU, so lanes beyond half the
-/// CPUs still add throughput: on the 16-CPU host 4 MiB writes moved 12.0-12.1 GB/s over 4
-/// lanes, 20.6-21.4 over 8, 26.4-28.1 over 12 and 26.2-28.8 over 16 (reads alike); on 8
-/// CPUs, ... (docs/benchmarks.md, issue 12). The hosts measured have one NUMA node each.
+/// `numactl --cpunodebind` or `taskset` counts that node's CPUs): one per CPU, up to 16
+/// (`MC_TCP_LANES_PER_PEER`'s most). A lane's copies of cold memory wait on the memory
+/// more than they use their CPU, so lanes up to the CPUs still add throughput. On the
+/// 16-CPU host 4 MiB writes moved 12.0-12.1 GB/s over 4 lanes, 20.6-21.4 over 8,
+/// 26.4-28.1 over 12 and 26.2-28.8 over 16 (reads alike); on 8 of its CPUs, 8 lanes moved
+/// 4 MiB batches 1.5x as fast as 4 and 64 KiB reads 1.25x, and 6 lanes left 64 KiB writes
+/// 20% slower than 4 or 8 (a batch's groups did not divide evenly among them). On 2 CPUs
+/// it is 2, as before (docs/benchmarks.md, issue 12). The hosts measured have one NUMA node.
 pub fn lanes_for_cpus(cpus: usize) -> usize {
-    cpus.clamp(1, 4).max((cpus * 3 / 4).min(16))
+    cpus.clamp(1, 16)
 }
 
 /// Lanes over all peers for a process that may run on `cpus` CPUs: one per CPU, and never
@@ -939,7 +941,7 @@ mod tests {
             .iter()
             .map(|&n| lanes_for_cpus(n))
             .collect();
-        assert_eq!(lanes, [1, 2, 3, 4, 6, 7, 12, 16, 16]);
+        assert_eq!(lanes, [1, 2, 3, 4, 8, 10, 16, 16, 16]);
         let budgets: Vec<usize> = [1, 2, 4, 16].map(lane_budget_for_cpus).to_vec();
         assert_eq!(budgets, [1, 2, 4, 16]);
         assert_eq!(spin_for_cpus(1), Duration::ZERO);
@@ -948,7 +950,7 @@ mod tests {
         assert_eq!(waiter_looks_for_cpus(16), 64);
         assert_eq!(spin_for_cpus(16), Duration::from_micros(50));
         let callers: Vec<usize> = [2, 4, 7, 8, 16, 64].map(caller_conns_for_cpus).to_vec();
-        assert_eq!(callers, [0, 0, 0, 12, 24, 32]);
+        assert_eq!(callers, [0, 0, 0, 16, 32, 32]);
         for n in 1..=256 {
             assert!(lanes_for_cpus(n) >= n.clamp(1, 4), "{n} CPUs");
             assert!(lanes_for_cpus(n) <= 16, "{n} CPUs");

@@ -712,7 +712,10 @@ impl Inner {
                 (region, local_device, which)
             })
             .collect();
-        let stripes: Vec<u64> = transports.iter().map(|t| t.slice_size().max(1)).collect();
+        let stripes: Vec<[u64; 2]> = transports
+            .iter()
+            .map(|t| [false, true].map(|device| t.slice_size_for(device).max(1)))
+            .collect();
         let counts: Vec<u32> = requests
             .iter()
             .enumerate()
@@ -720,7 +723,10 @@ impl Inner {
                 if r.len == 0 || unknown.binary_search(&i).is_ok() {
                     u32::from(r.len > 0)
                 } else {
-                    r.len.div_ceil(stripes[plan[i].2]) as u32
+                    let (_, device, which) = &plan[i];
+                    r.len
+                        .div_ceil(stripes[*which][usize::from(device.is_some())])
+                        as u32
                 }
             })
             .collect();
@@ -759,7 +765,7 @@ impl Inner {
             if r.len == 0 || unknown.binary_search(&i).is_ok() {
                 continue;
             }
-            let stripe = stripes[which];
+            let stripe = stripes[which][usize::from(local_device.is_some())];
             let mut off = 0;
             while off < r.len {
                 let n = stripe.min(r.len - off);

@@ -326,6 +326,14 @@ pub trait Transport: Send + Sync {
     /// The largest piece a request is cut into.
     fn slice_size(&self) -> u64;
 
+    /// The largest piece a request whose local memory is a device's (`device`) or the
+    /// host's is cut into; [`slice_size`](Self::slice_size) unless a transport moves the
+    /// two differently.
+    fn slice_size_for(&self, device: bool) -> u64 {
+        let _ = device;
+        self.slice_size()
+    }
+
     /// Queues `slices` to the peer; each completes (or fails) on its batch.
     fn post(
         &self,

@@ -153,7 +153,8 @@ mod tests {
 
     #[test]
     fn links_share_the_budget_evenly_within_their_bounds() {
-        // 16 CPUs: one peer gets its 8 lanes; four peers 4 each; many peers never under 2.
+        // A budget of 16 and 8 lanes per peer: one peer gets its 8 lanes; four peers 4 each;
+        // many peers never under 2.
         assert_eq!(share_of(16, 8, 1), 8);
         assert_eq!(share_of(16, 8, 2), 8);
         assert_eq!(share_of(16, 8, 4), 4);

@@ -33,6 +33,10 @@ use server::TcpServer;
 /// The protocol name in descriptors.
 pub const PROTOCOL: &str = "tcp";
 
+/// Stripes of requests in local device memory are this large at least (see
+/// `slice_size_for`).
+pub const DEVICE_STRIPE: u64 = 4 << 20;
+
 /// The TCP transport: a data-port server for peers, and links (lanes of persistent
 /// connections) to each peer's data port.
 pub struct TcpTransport {
@@ -169,6 +173,18 @@ impl Transport for TcpTransport {
         self.config.tcp_stripe_size
     }
 
+    /// Device memory is staged through pinned chunks, copied on the device's streams while
+    /// the socket moves the chunk before: a request of one chunk overlaps nothing, so such
+    /// requests are cut at [`DEVICE_STRIPE`] at least (on the 16-CPU host, H200 memory
+    /// moved 16.8-19.3 GB/s in stripes of 1 MiB against 21.4-23.8 in stripes of 4 MiB).
+    fn slice_size_for(&self, device: bool) -> u64 {
+        if device {
+            self.config.tcp_stripe_size.max(DEVICE_STRIPE)
+        } else {
+            self.config.tcp_stripe_size
+        }
+    }
+
     fn post(
         &self,
         segment: &SegmentId,
@@ -215,5 +231,28 @@ impl Transport for TcpTransport {
             );
             drop(link);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stripes(stripe: Option<u64>) -> [u64; 2] {
+        let mut config = Config::default();
+        if let Some(s) = stripe {
+            config.tcp_stripe_size = s;
+        }
+        let memory = Arc::new(MemoryRegistry::new());
+        let t = TcpTransport::start(IpAddr::from([127, 0, 0, 1]), "127.0.0.1", memory, &config)
+            .expect("a TCP transport on loopback");
+        [t.slice_size_for(false), t.slice_size_for(true)]
+    }
+
+    #[test]
+    fn device_memory_is_cut_in_stripes_of_four_mib_at_least() {
+        assert_eq!(stripes(None), [1 << 20, DEVICE_STRIPE]);
+        assert_eq!(stripes(Some(64 << 10)), [64 << 10, DEVICE_STRIPE]);
+        assert_eq!(stripes(Some(16 << 20)), [16 << 20, 16 << 20]);
     }
 }
