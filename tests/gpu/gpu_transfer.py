@@ -120,9 +120,11 @@ def verify(e, size):
     tgt.close()
 
 
-def throughput(e, memory, op, duration):
+def throughput(e, memory, op, duration, target_memory=None):
+    """GB/s of batches of BATCH x BLOCK between `memory` here and `target_memory` (the
+    same kind when None) in the target process."""
     size = BLOCK * BATCH
-    tgt = Target(memory, size, seed=1)
+    tgt = Target(target_memory or memory, size, seed=1)
     seg, remote = tgt.info["session"], tgt.info["addr"]
     dev = GPU if memory == "cuda" else "cpu"
     local = pattern(size, 2, dev)
@@ -157,6 +159,14 @@ def main(args):
     print(f"\n{'op':6} {'host GB/s':>10} {'device GB/s':>12} {'device/host':>12}")
     for op, host, gpu in rows:
         print(f"{op:6} {host:10.2f} {gpu:12.2f} {gpu / host:12.2f}")
+    if args.mixed:
+        # Device memory on one side only: the staging cost of each side, and whether two
+        # processes sharing one GPU is what holds device-to-device back.
+        for op in ("write", "read"):
+            for here, there in (("cuda", "cpu"), ("cpu", "cuda")):
+                gbps = throughput(e, here, op, args.duration, there)
+                print(json.dumps({"op": op, "block": BLOCK, "batch": BATCH, "local": here,
+                                  "target": there, "gbps": gbps}), flush=True)
 
 
 if __name__ == "__main__":
@@ -166,6 +176,8 @@ if __name__ == "__main__":
     ap.add_argument("--size", type=int, default=(64 << 20) + 4097)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--mixed", action="store_true",
+                    help="also device memory here and host memory there, and the reverse")
     a = ap.parse_args()
     os.environ.setdefault("MC_FORCE_TCP", "1")
     target(a) if a.role == "target" else main(a)

@@ -738,16 +738,25 @@ impl Conn {
     }
 
     /// Adds to `group` the host-memory slices queued behind its first, within
-    /// [`GROUP_REQUESTS`], [`GROUP_BYTES`], the pipeline depth and this lane's share of
-    /// reads owed. A slice that cannot join (device memory) goes back to the queue for
-    /// any lane; true if a stop was taken off the queue.
+    /// [`GROUP_REQUESTS`], [`GROUP_BYTES`], the pipeline depth, this lane's share of
+    /// reads owed and its share of the slices queued. A slice that cannot join (device
+    /// memory) goes back to the queue for any lane; true if a stop was taken off the queue.
     fn gather(
         &mut self,
         group: &mut Vec<Held>,
         rx: &Receiver<LaneMsg>,
         shared: &LinkShared,
     ) -> bool {
-        let cap = GROUP_REQUESTS.min(shared.depth.max(1));
+        // No more than an even share of the batch: else the first lanes to wake take it
+        // between them and the rest stay idle (a batch of 64 reads of 64 KiB went out on
+        // 8 of 16 lanes, 8 reads each up to `READ_BYTES_PER_LANE`). The batch's requests,
+        // not the queue's length: the caller may still be queueing the rest, and a share
+        // of the few queued so far made lanes of 2 send reads one at a time.
+        let queued = group.first().map_or(0, |h| h.slice().batch.len());
+        let even = (rx.len() + group.len())
+            .max(queued)
+            .div_ceil(shared.lanes.budget().share().max(1));
+        let cap = GROUP_REQUESTS.min(shared.depth.max(1)).min(even.max(1));
         let mut bytes: u64 = group.iter().map(|h| write_bytes(h.slice())).sum();
         let mut owed = self.pending.bytes.load(Ordering::Acquire)
             + group.iter().map(|h| owed_bytes(h.slice())).sum::<u64>();
