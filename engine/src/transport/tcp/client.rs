@@ -747,16 +747,12 @@ impl Conn {
         rx: &Receiver<LaneMsg>,
         shared: &LinkShared,
     ) -> bool {
-        // No more than an even share of the batch: else the first lanes to wake take it
-        // between them and the rest stay idle (a batch of 64 reads of 64 KiB went out on
-        // 8 of 16 lanes, 8 reads each up to `READ_BYTES_PER_LANE`). The batch's requests,
-        // not the queue's length: the caller may still be queueing the rest, and a share
-        // of the few queued so far made lanes of 2 send reads one at a time.
-        let queued = group.first().map_or(0, |h| h.slice().batch.len());
-        let even = (rx.len() + group.len())
-            .max(queued)
-            .div_ceil(shared.lanes.budget().share().max(1));
-        let cap = GROUP_REQUESTS.min(shared.depth.max(1)).min(even.max(1));
+        let cap = group_cap(
+            shared.depth,
+            rx.len() + group.len(),
+            group.first().map_or(0, |h| h.slice().batch.len()),
+            shared.lanes.budget().share(),
+        );
         let mut bytes: u64 = group.iter().map(|h| write_bytes(h.slice())).sum();
         let mut owed = self.pending.bytes.load(Ordering::Acquire)
             + group.iter().map(|h| owed_bytes(h.slice())).sum::<u64>();
@@ -1061,6 +1057,19 @@ impl InFlight {
     }
 }
 
+/// Requests one lane may gather into a group: [`GROUP_REQUESTS`] and the pipeline `depth`
+/// at most, and no more than an even share among `lanes` of the larger of the slices
+/// `waiting` (queued, and the group's) and the requests of the `batch` they start. Without
+/// the share the first lanes to wake took a batch between them and the rest stayed idle (a
+/// batch of 64 reads of 64 KiB went out on 8 of 16 lanes, 8 reads each up to
+/// `READ_BYTES_PER_LANE`). The batch's size too, not the queue's length alone: the caller
+/// may still be queueing the rest, and a share of the few queued so far would send them
+/// one at a time.
+fn group_cap(depth: usize, waiting: usize, batch: usize, lanes: usize) -> usize {
+    let even = waiting.max(batch).div_ceil(lanes.max(1)).max(1);
+    GROUP_REQUESTS.min(depth.max(1)).min(even)
+}
+
 fn header_of(s: &Slice, v2: bool) -> [u8; HEADER_LEN] {
     RequestHeader {
         size: s.len,
@@ -1221,4 +1230,26 @@ fn read_reply(
         .map_err(ReplyError::Io)?;
     }
     Ok(Reply::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lane_gathers_an_even_share_of_its_batch_within_the_group_caps() {
+        // 64 requests over 16 lanes: 4 each, whether queued yet or not.
+        assert_eq!(group_cap(16, 64, 64, 16), 4);
+        assert_eq!(group_cap(16, 1, 64, 16), 4);
+        assert_eq!(group_cap(16, 64, 1, 16), 4);
+        // Over 2 lanes the share is 32: the group caps decide, as before the share.
+        assert_eq!(group_cap(16, 64, 64, 2), GROUP_REQUESTS);
+        assert_eq!(group_cap(4, 64, 64, 2), 4);
+        // A lone request, a batch smaller than the lanes, no lanes: one at least.
+        assert_eq!(group_cap(16, 1, 1, 16), 1);
+        assert_eq!(group_cap(16, 3, 3, 16), 1);
+        assert_eq!(group_cap(0, 0, 0, 0), 1);
+        // Uneven: 10 over 4 lanes is 3 at most.
+        assert_eq!(group_cap(16, 10, 10, 4), 3);
+    }
 }
