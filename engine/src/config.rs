@@ -142,7 +142,10 @@ pub struct Config {
     pub notify_queue_bytes: usize,
     /// `MC_TCP_SERVER_MAX_CONNECTIONS` (ours): data connections served at once.
     pub tcp_server_max_connections: usize,
-    /// `MC_TCP_SERVER_MAX_CONNECTIONS_PER_IP` (ours): of those, from one address.
+    /// `MC_TCP_SERVER_MAX_CONNECTIONS_PER_IP` (ours): of those, from one address. 512: an
+    /// engine of ours opens up to 33 to a peer (16 lanes, 16 caller connections and the
+    /// direct one), so the 8 engines of an 8-GPU host fit with room to spare, and one
+    /// address still cannot take every slot.
     pub tcp_server_max_connections_per_ip: usize,
     /// `MC_TCP_SERVER_IDLE_TIMEOUT` (ours, seconds): a data connection without
     /// a request for this long is closed (our lanes reconnect on their own).
@@ -265,7 +268,7 @@ impl Default for Config {
             handshake_timeout: Duration::from_secs(60),
             notify_queue_bytes: 64 << 20,
             tcp_server_max_connections: 1024,
-            tcp_server_max_connections_per_ip: 256,
+            tcp_server_max_connections_per_ip: 512,
             tcp_server_idle_timeout: Duration::from_secs(300),
             tcp_staging_budget: 64 << 20,
             force_hca: false,
@@ -308,15 +311,18 @@ pub fn spin_for_cpus(cpus: usize) -> Duration {
     }
 }
 
-/// Caller connections per peer for a process that may run on `cpus` CPUs: two per lane
-/// from 8 CPUs on, none below. On the 16-CPU host, callers sending their own batches
-/// moved the serving shape 30-37% faster than the lanes, and 10 callers to one peer over
-/// 8 connections left two on the lanes, 13% slower than with 16. On the 2-core VM the same
-/// made it 15-30% slower with a p99 ten times as long: there, the callers outnumber the
-/// CPUs and one sending a whole batch holds a CPU another caller's statuses wait for.
+/// Caller connections per peer for a process that may run on `cpus` CPUs: two per lane,
+/// 16 at most, from 8 CPUs on, none below. On the 16-CPU host, callers sending their own
+/// batches moved the serving shape 30-37% faster than the lanes, and 10 callers to one
+/// peer over 8 connections left two on the lanes, 13% slower than with 16; 32 were no
+/// faster than 16 (26.1-30.3 GB/s with 4 peers against 26.0-28.0), and each is a thread on
+/// the peer, whose connections from one address are capped
+/// (`MC_TCP_SERVER_MAX_CONNECTIONS_PER_IP`). On the 2-core VM the same made it 15-30%
+/// slower with a p99 ten times as long: there, the callers outnumber the CPUs and one
+/// sending a whole batch holds a CPU another caller's statuses wait for.
 pub fn caller_conns_for_cpus(cpus: usize) -> usize {
     if cpus >= 8 {
-        2 * lanes_for_cpus(cpus)
+        (2 * lanes_for_cpus(cpus)).min(16)
     } else {
         0
     }
@@ -950,7 +956,7 @@ mod tests {
         assert_eq!(waiter_looks_for_cpus(16), 64);
         assert_eq!(spin_for_cpus(16), Duration::from_micros(50));
         let callers: Vec<usize> = [2, 4, 7, 8, 16, 64].map(caller_conns_for_cpus).to_vec();
-        assert_eq!(callers, [0, 0, 0, 16, 32, 32]);
+        assert_eq!(callers, [0, 0, 0, 16, 16, 16]);
         for n in 1..=256 {
             assert!(lanes_for_cpus(n) >= n.clamp(1, 4), "{n} CPUs");
             assert!(lanes_for_cpus(n) <= 16, "{n} CPUs");
