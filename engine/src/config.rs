@@ -963,6 +963,20 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_server_takes_every_connection_of_an_eight_gpu_hosts_engines() {
+        // The most one engine opens to a peer: all its lanes, all its caller connections
+        // and the direct one, whatever its CPUs; eight such engines on one address.
+        let most = (1..=1024)
+            .map(|cpus| lanes_for_cpus(cpus) + caller_conns_for_cpus(cpus) + 1)
+            .max()
+            .unwrap_or(0);
+        assert_eq!(most, 33);
+        let c = Config::default();
+        assert!(c.tcp_server_max_connections_per_ip >= 8 * most);
+        assert!(c.tcp_server_max_connections_per_ip < c.tcp_server_max_connections);
+    }
+
     fn affinity() -> libc::cpu_set_t {
         // SAFETY: an all-zero cpu_set_t is the empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
