@@ -712,10 +712,12 @@ impl Inner {
                 (region, local_device, which)
             })
             .collect();
+        // Per transport, the stripe of host memory and of device memory.
         let stripes: Vec<[u64; 2]> = transports
             .iter()
             .map(|t| [false, true].map(|device| t.slice_size_for(device).max(1)))
             .collect();
+        let stripe_of = |which: usize, device: bool| stripes[which][usize::from(device)];
         let counts: Vec<u32> = requests
             .iter()
             .enumerate()
@@ -724,9 +726,7 @@ impl Inner {
                     u32::from(r.len > 0)
                 } else {
                     let (_, device, which) = &plan[i];
-                    r.len
-                        .div_ceil(stripes[*which][usize::from(device.is_some())])
-                        as u32
+                    r.len.div_ceil(stripe_of(*which, device.is_some())) as u32
                 }
             })
             .collect();
@@ -765,7 +765,7 @@ impl Inner {
             if r.len == 0 || unknown.binary_search(&i).is_ok() {
                 continue;
             }
-            let stripe = stripes[which][usize::from(local_device.is_some())];
+            let stripe = stripe_of(which, local_device.is_some());
             let mut off = 0;
             while off < r.len {
                 let n = stripe.min(r.len - off);

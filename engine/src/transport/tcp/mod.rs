@@ -35,7 +35,7 @@ pub const PROTOCOL: &str = "tcp";
 
 /// Stripes of requests in local device memory are this large at least (see
 /// `slice_size_for`).
-pub const DEVICE_STRIPE: u64 = 4 << 20;
+const DEVICE_STRIPE: u64 = 4 << 20;
 
 /// The TCP transport: a data-port server for peers, and links (lanes of persistent
 /// connections) to each peer's data port.
