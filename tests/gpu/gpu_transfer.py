@@ -83,6 +83,14 @@ class Target:
         self.p.wait(timeout=30)
 
 
+def cpu_ticks():
+    """(busy, total) jiffies of all CPUs so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
 def check(cond, what):
     print(("PASS " if cond else "FAIL ") + what, flush=True)
     if not cond:
@@ -134,14 +142,19 @@ def throughput(e, memory, op, duration, target_memory=None):
     call = e.batch_transfer_sync_write if op == "write" else e.batch_transfer_sync_read
     for _ in range(2):
         assert call(seg, bufs, peers, [BLOCK] * BATCH) == 0
-    batches, start = 0, time.perf_counter()
+    batches, start, ticks = 0, time.perf_counter(), cpu_ticks()
     while time.perf_counter() - start < duration:
         rc = call(seg, bufs, peers, [BLOCK] * BATCH)
         assert rc == 0, TransferEngine.last_error()
         batches += 1
     secs = time.perf_counter() - start
+    busy, total = (b - a for a, b in zip(ticks, cpu_ticks()))
     e.unregister_memory(local.data_ptr())
     tgt.close()
+    # How busy the host's CPUs were meanwhile (both processes and everything else):
+    # tells a transfer held back by CPU time from one held back by waiting.
+    print(json.dumps({"op": op, "local": memory, "target": target_memory or memory,
+                      "cpu_busy": round(busy / max(total, 1), 3)}), flush=True)
     return batches * BATCH * BLOCK / secs / 1e9
 
 

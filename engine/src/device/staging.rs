@@ -23,6 +23,11 @@ pub(crate) struct Stager {
     rt: Arc<Runtime>,
     bufs: [*mut u8; 2],
     streams: [Stream; 2],
+    /// A copy out of (or into) this buffer may still run: wait before reusing it.
+    pending: [bool; 2],
+    /// The buffer the next received chunk goes to: alternates across calls, so that a
+    /// call's first chunk never waits for the last copy of the call before.
+    next: usize,
 }
 
 // SAFETY: the pinned buffers and streams are process-wide runtime handles,
@@ -42,6 +47,8 @@ impl Stager {
                 rt,
                 bufs: [b0, b1],
                 streams: [s0, s1],
+                pending: [false; 2],
+                next: 0,
             }),
             (s0, s1) => {
                 for s in [&s0, &s1].into_iter().flatten() {
@@ -57,51 +64,71 @@ impl Stager {
         }
     }
 
-    fn sync(&self, b: usize) -> io::Result<()> {
-        self.rt
-            .stream_sync(self.streams[b])
-            .map_err(io::Error::other)
-    }
-
+    /// Reads `len` bytes from `src` into device memory at `dst`. The copies of the last
+    /// chunk may still be running on return: [`settle`](Self::settle) before anyone is
+    /// told the bytes landed. Copies left running by earlier calls land while this call's
+    /// first chunk comes off the socket; `earlier_landed` runs once they have (before this
+    /// call's bytes are all read), so their statuses or completions go out without a wait
+    /// of their own.
     pub(crate) fn receive_into(
         &mut self,
         src: &mut impl Read,
         dst: u64,
         len: usize,
+        earlier_landed: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<()> {
-        let mut pending = [false; 2];
-        let result = (|| {
-            let mut off = 0;
-            let mut i = 0;
-            while off < len {
-                let n = CHUNK.min(len - off);
-                let b = i % 2;
-                if pending[b] {
-                    pending[b] = false;
-                    self.sync(b)?;
-                }
-                // SAFETY: bufs[b] is a CHUNK-byte pinned buffer not in use by any copy.
-                let chunk = unsafe { std::slice::from_raw_parts_mut(self.bufs[b], n) };
-                src.read_exact(chunk)?;
-                // SAFETY: dst+off..+n lies in the caller's device range; the
-                // chunk stays untouched until this stream is synchronised.
-                unsafe {
-                    self.rt.copy_async(
-                        (dst + off as u64) as *mut u8,
-                        self.bufs[b],
-                        n,
-                        self.streams[b],
-                    )
-                }
-                .map_err(io::Error::other)?;
-                pending[b] = true;
-                off += n;
-                i += 1;
+        let mut earlier_landed = Some(earlier_landed);
+        if len == 0 {
+            self.settle()?;
+        }
+        let mut off = 0;
+        while off < len {
+            let n = CHUNK.min(len - off);
+            let b = self.next;
+            self.next ^= 1;
+            self.wait(b)?;
+            // SAFETY: bufs[b] is a CHUNK-byte pinned buffer not in use by any copy.
+            let chunk = unsafe { std::slice::from_raw_parts_mut(self.bufs[b], n) };
+            src.read_exact(chunk)?;
+            // SAFETY: dst+off..+n lies in the caller's device range; the
+            // chunk stays untouched until this stream is synchronised.
+            unsafe {
+                self.rt.copy_async(
+                    (dst + off as u64) as *mut u8,
+                    self.bufs[b],
+                    n,
+                    self.streams[b],
+                )
             }
-            Ok(())
-        })();
-        let drained = self.drain(pending);
-        result.and(drained)
+            .map_err(io::Error::other)?;
+            self.pending[b] = true;
+            if off == 0 {
+                // The other buffer holds the last chunk of the call before, if any.
+                self.wait(b ^ 1)?;
+            }
+            off += n;
+            if let Some(f) = earlier_landed.take() {
+                f()?;
+            }
+        }
+        earlier_landed.map_or(Ok(()), |f| f())
+    }
+
+    /// Waits for every copy still running: the bytes received so far have landed.
+    pub(crate) fn settle(&mut self) -> io::Result<()> {
+        let first = self.wait(0);
+        first.and(self.wait(1))
+    }
+
+    /// Waits for the copy out of buffer `b`, if one runs.
+    fn wait(&mut self, b: usize) -> io::Result<()> {
+        if !self.pending[b] {
+            return Ok(());
+        }
+        self.pending[b] = false;
+        self.rt
+            .stream_sync(self.streams[b])
+            .map_err(io::Error::other)
     }
 
     pub(crate) fn send_from(
@@ -111,34 +138,33 @@ impl Stager {
         src: u64,
         len: usize,
     ) -> io::Result<()> {
+        self.settle()?;
         let chunks = len.div_ceil(CHUNK);
         let size = |k: usize| CHUNK.min(len - k * CHUNK);
-        let mut pending = [false; 2];
         let result = (|| {
             for k in 0..chunks.min(2) {
                 self.issue_out(k, src, size(k))?;
-                pending[k % 2] = true;
             }
             dst.write_all(prefix)?;
             for k in 0..chunks {
                 let b = k % 2;
-                pending[b] = false;
-                self.sync(b)?;
+                self.wait(b)?;
                 // SAFETY: the copy into bufs[b] has completed (stream synchronised).
                 let chunk = unsafe { std::slice::from_raw_parts(self.bufs[b], size(k)) };
                 dst.write_all(chunk)?;
                 if k + 2 < chunks {
                     self.issue_out(k + 2, src, size(k + 2))?;
-                    pending[b] = true;
                 }
             }
             Ok(())
         })();
-        let drained = self.drain(pending);
-        result.and(drained)
+        // Copies still running write into the buffers, not the caller's memory: settled
+        // so that the buffers can be reused or freed.
+        let settled = self.settle();
+        result.and(settled)
     }
 
-    fn issue_out(&self, k: usize, src: u64, n: usize) -> io::Result<()> {
+    fn issue_out(&mut self, k: usize, src: u64, n: usize) -> io::Result<()> {
         let b = k % 2;
         // SAFETY: src+k*CHUNK..+n lies in the caller's device range; bufs[b] is free.
         unsafe {
@@ -149,25 +175,16 @@ impl Stager {
                 self.streams[b],
             )
         }
-        .map_err(io::Error::other)
-    }
-
-    /// Waits for copies still running so the buffers can be reused or freed.
-    fn drain(&self, pending: [bool; 2]) -> io::Result<()> {
-        let mut result = Ok(());
-        for (b, p) in pending.into_iter().enumerate() {
-            if p {
-                result = result.and(self.sync(b));
-            }
-        }
-        result
+        .map_err(io::Error::other)?;
+        self.pending[b] = true;
+        Ok(())
     }
 }
 
 impl Drop for Stager {
     fn drop(&mut self) {
+        let _ = self.settle();
         for b in 0..2 {
-            let _ = self.sync(b);
             self.rt.stream_destroy(self.streams[b]);
             self.rt.free_host(self.bufs[b]);
         }
@@ -195,7 +212,11 @@ fn with_stager<T>(device: u32, f: impl FnOnce(&mut Stager) -> io::Result<T>) -> 
 
 /// Reads `len` bytes from `src` into device memory at `dst` on `device`.
 pub fn receive_into(device: u32, src: &mut impl Read, dst: u64, len: usize) -> io::Result<()> {
-    with_stager(device, |s| s.receive_into(src, dst, len))
+    with_stager(device, |s| {
+        let received = s.receive_into(src, dst, len, || Ok(()));
+        let settled = s.settle();
+        received.and(settled)
+    })
 }
 
 /// Writes `prefix`, then `len` bytes of device memory at `src` on `device`, to `dst`.

@@ -3,8 +3,10 @@
 //! Every data-server thread that touches device memory needs a [`Stager`]
 //! (2 MiB of pinned host memory and two streams). Kept per thread, any number
 //! of peer connections pins any amount of host memory. Here the server checks
-//! a stager out of one pool for the length of one request and gives it back
-//! after: at most `MC_TCP_STAGING_BUDGET_MB` of stagers exist at once. When
+//! a stager out of one pool for the length of one request (or of a run of
+//! pipelined writes into one device, while their copies land: see the TCP
+//! server's `landing`) and gives it back after: at most
+//! `MC_TCP_STAGING_BUDGET_MB` of stagers exist at once. When
 //! every stager is busy, a request waits for one, up to the data path's I/O
 //! timeout (`MC_TCP_STATUS_TIMEOUT_SEC`), then fails with an error saying
 //! so, which closes the connection.
@@ -16,7 +18,7 @@
 //! this pool also means a process that both sends and serves cannot have its
 //! lanes hold every stager its server needs.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -89,15 +91,34 @@ pub fn live_stagers() -> usize {
     pool().state.lock().live
 }
 
-/// A stager checked out of the pool; goes back on drop.
-struct Lease {
+/// A stager checked out of the pool; goes back on drop, its copies settled first.
+pub(crate) struct Lease {
     stager: Option<Stager>,
     device: u32,
 }
 
+impl Lease {
+    /// The device the stager copies to and from.
+    pub(crate) fn device(&self) -> u32 {
+        self.device
+    }
+
+    /// The stager, for as long as the lease is held.
+    pub(crate) fn stager(&mut self) -> io::Result<&mut Stager> {
+        self.stager
+            .as_mut()
+            .ok_or_else(|| io::Error::other("staging lease without a stager"))
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
-        let Some(s) = self.stager.take() else { return };
+        let Some(mut s) = self.stager.take() else {
+            return;
+        };
+        // Whoever holds the lease settles what landing needs; this only keeps a stager
+        // with copies still running out of the idle list.
+        let _ = s.settle();
         let p = pool();
         let surplus = {
             let mut st = p.state.lock();
@@ -114,7 +135,9 @@ impl Drop for Lease {
     }
 }
 
-fn checkout(device: u32) -> io::Result<Lease> {
+/// A stager for `device`, out of the pool: waits while the budget is spent, up to the
+/// data path's I/O timeout.
+pub(crate) fn checkout(device: u32) -> io::Result<Lease> {
     let p = pool();
     let rt = super::runtime().map_err(io::Error::other)?;
     let mut st = p.state.lock();
@@ -175,16 +198,7 @@ fn checkout(device: u32) -> io::Result<Lease> {
 
 fn with_lease<T>(device: u32, f: impl FnOnce(&mut Stager) -> io::Result<T>) -> io::Result<T> {
     let mut lease = checkout(device)?;
-    match lease.stager.as_mut() {
-        Some(s) => f(s),
-        None => Err(io::Error::other("staging lease without a stager")),
-    }
-}
-
-/// Reads `len` bytes from `src` into device memory at `dst` on `device`,
-/// through a stager of the pool.
-pub fn receive_into(device: u32, src: &mut impl Read, dst: u64, len: usize) -> io::Result<()> {
-    with_lease(device, |s| s.receive_into(src, dst, len))
+    f(lease.stager()?)
 }
 
 /// Writes `prefix`, then `len` bytes of device memory at `src` on `device`,

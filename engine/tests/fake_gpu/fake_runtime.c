@@ -235,10 +235,15 @@ static int copy(void *dst, const void *src, size_t n) {
 }
 
 int API(Memcpy)(void *dst, const void *src, size_t n, int kind) { (void)kind; return copy(dst, src, n); }
+static int enqueue(void *stream, void *dst, const void *src, size_t n);
+/* As a GPU does it: a copy on a stream happens later, here when the stream is
+ * synchronised (or destroyed), reading its source then. So a caller that tells anyone
+ * the bytes landed before it synchronised, or reuses the source buffer too early, is
+ * caught by the bytes. On the legacy NULL stream the copy happens at once. */
 int API(MemcpyAsync)(void *dst, const void *src, size_t n, int kind, void *stream) {
-    (void)kind; (void)stream;
+    (void)kind;
     __atomic_add_fetch(&async_copies, 1, __ATOMIC_RELAXED);
-    return copy(dst, src, n);
+    return enqueue(stream, dst, src, n) ? 0 : copy(dst, src, n);
 }
 /* FAKE_CUDART_VERSION (default 13000): the version RuntimeGetVersion reports, and so the
  * signature MemcpyBatchAsync is read with: before 13000 (12.8, 12.9) a `size_t *failIdx`
@@ -303,8 +308,45 @@ int API(StreamCreateWithFlags)(void **s, unsigned f) {
     pthread_mutex_unlock(&lock);
     return 0;
 }
-int API(StreamSynchronize)(void *s) { (void)s; return 0; }
+/* Copies enqueued on each stream, oldest first. */
+typedef struct pending { void *dst; const void *src; size_t n; struct pending *next; } pending_t;
+static pending_t *queued[MAX_STREAMS];
+static int enqueue(void *stream, void *dst, const void *src, size_t n) {
+    pending_t *p = malloc(sizeof *p);
+    *p = (pending_t){dst, src, n, 0};
+    pthread_mutex_lock(&lock);
+    int i = 0;
+    while (i < MAX_STREAMS && !(stream && streams[i] == stream)) i++;
+    if (i < MAX_STREAMS) {
+        pending_t **tail = &queued[i];
+        while (*tail) tail = &(*tail)->next;
+        *tail = p;
+    }
+    pthread_mutex_unlock(&lock);
+    if (i == MAX_STREAMS) free(p);
+    return i < MAX_STREAMS;
+}
+/* Runs the copies enqueued on `s`, in order. FAKE_COPY_DELAY_US: a stream with copies
+ * enqueued takes that long to finish them (a GPU's copies queued behind others), so that
+ * bytes told landed before their stream was synchronised are found missing. */
+static void run_queued(void *s) {
+    pending_t *p = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_STREAMS; i++)
+        if (s && streams[i] == s) { p = queued[i]; queued[i] = 0; }
+    pthread_mutex_unlock(&lock);
+    const char *delay = getenv("FAKE_COPY_DELAY_US");
+    if (p && delay) usleep((useconds_t)atoi(delay));
+    while (p) {
+        pending_t *next = p->next;
+        copy(p->dst, p->src, p->n);
+        free(p);
+        p = next;
+    }
+}
+int API(StreamSynchronize)(void *s) { run_queued(s); return 0; }
 int API(StreamDestroy)(void *s) {
+    run_queued(s);
     pthread_mutex_lock(&lock);
     for (int i = 0; i < MAX_STREAMS; i++) if (streams[i] == s) streams[i] = 0;
     pthread_mutex_unlock(&lock);

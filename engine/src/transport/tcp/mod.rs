@@ -10,6 +10,7 @@
 mod budget;
 pub mod client;
 mod cut_reader;
+mod landing;
 mod read_ahead;
 pub mod server;
 mod spin;

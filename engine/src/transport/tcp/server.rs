@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::cut_reader::CutStream;
+use super::landing::Landing;
 use super::read_ahead::ReadAhead;
 use crate::config::Config;
 use crate::conn_limit::ConnLimiter;
@@ -189,7 +191,13 @@ fn serve(
     // the next within microseconds. After large ones the time goes to moving bytes, and a
     // spinning thread would only take a CPU from one that moves them.
     let mut small = false;
+    // Writes into device memory still landing; their statuses are held meanwhile.
+    let mut landing: Option<Landing> = None;
     loop {
+        // The peer sent nothing more yet: it may wait for the statuses of what it sent.
+        if landing.is_some() && !request_waiting(&stream, &ahead) {
+            land(&mut landing, &mut statuses, &mut own)?;
+        }
         if !wait_for_request(&stream, peer, cut, shared, &ahead, small)? {
             return Ok(());
         }
@@ -205,7 +213,17 @@ fn serve(
         // 1 ns per byte, as upstream bounds a transfer: a peer that sends a byte at a time
         // holds this connection, its thread and any staging for that long at most.
         cut.set_deadline(Some(shared.io_timeout + Duration::from_nanos(h.size)));
-        let Some(pin) = shared.memory.pin_near(h.addr, h.size, &holder, &mut last) else {
+        let pin = shared.memory.pin_near(h.addr, h.size, &holder, &mut last);
+        let device = pin.as_ref().and_then(|p| p.region().device).map(|(_, d)| d);
+        // Only another write into the same device's memory goes on while earlier ones
+        // land: everything else may send statuses, or read what they write.
+        let joins = h.opcode == OpCode::Write
+            && device.is_some()
+            && landing.as_ref().map(Landing::device) == device;
+        if !joins {
+            land(&mut landing, &mut statuses, &mut own)?;
+        }
+        let Some(pin) = pin else {
             tracing::warn!(
                 "rejected {:?} of {:#x}+{} from {peer}: not inside one registered buffer",
                 h.opcode,
@@ -226,18 +244,20 @@ fn serve(
         };
         let ok = Status::Ok.encode();
         let status: &[u8] = if h.v2 { &ok } else { &[] };
-        if let Some((_, device)) = pin.region().device {
+        if let Some(device) = device {
             // Device memory: staged through pinned host buffers.
             match h.opcode {
                 OpCode::Write => {
-                    statuses.flush(&mut own)?;
-                    crate::device::staging_pool::receive_into(
-                        device,
-                        &mut ahead.reader(own),
-                        h.addr,
-                        h.size as usize,
-                    )?;
-                    statuses.answer(&mut own, status, &ahead)?;
+                    let into = match landing.as_mut() {
+                        Some(l) => l,
+                        None => landing.insert(Landing::start(device)?),
+                    };
+                    let (held, mut to_peer) = (&mut statuses, own);
+                    into.receive(&mut ahead.reader(own), h.addr, h.size as usize, pin, || {
+                        held.flush(&mut to_peer)
+                    })?;
+                    // Sent once this write has landed (see `land`).
+                    statuses.hold(status);
                 }
                 OpCode::Read => {
                     let head = statuses.head(status);
@@ -323,6 +343,25 @@ fn wait_for_request(
     }
 }
 
+/// True when the peer's next request is here, whole or in part.
+fn request_waiting(stream: &TcpStream, ahead: &ReadAhead) -> bool {
+    ahead.buffered() > 0 || net::bytes_queued(stream.as_raw_fd()).is_ok_and(|n| n > 0)
+}
+
+/// Waits until the writes of `landing` have landed, then sends the statuses held for
+/// them (and any held before them).
+fn land(
+    landing: &mut Option<Landing>,
+    statuses: &mut HeldStatuses,
+    own: &mut CutStream,
+) -> io::Result<()> {
+    let Some(l) = landing.take() else {
+        return Ok(());
+    };
+    l.settle()?;
+    statuses.flush(own)
+}
+
 /// Statuses held back at most.
 const HELD_STATUSES: usize = 16;
 /// A status is held back only while the request after it, already here, is at most this
@@ -353,6 +392,11 @@ impl HeldStatuses {
 
     fn is_empty(&self) -> bool {
         self.bytes.is_empty()
+    }
+
+    /// Holds `status` back until the next flush.
+    fn hold(&mut self, status: &[u8]) {
+        self.bytes.extend_from_slice(status);
     }
 
     fn flush(&mut self, own: &mut CutStream) -> io::Result<()> {

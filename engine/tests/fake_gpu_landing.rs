@@ -1,0 +1,120 @@
+//! Writes into device memory that land while the next write is received: a status never
+//! goes out before its bytes have landed. The FAKE runtime (fake_gpu/fake_runtime.c)
+//! makes copies when their stream is synchronised, and here takes 3 ms to do so: a write
+//! reported done too early is caught by the bytes read right after the call returns.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+mod fake_gpu;
+use fake_gpu::{device_buffer, device_bytes, engine, install_fake, pattern};
+use transfer_engine::device::Vendor;
+use transfer_engine::{OpCode, Request};
+
+#[test]
+fn pipelined_writes_into_device_memory_are_done_only_once_landed() {
+    install_fake(Vendor::Cuda);
+    // SAFETY (edition 2021: set_var is safe): read by the fake at each synchronisation;
+    // this binary holds only this test.
+    std::env::set_var("FAKE_COPY_DELAY_US", "3000");
+    let initiator = engine();
+    let target = engine();
+    // Many requests of one staging chunk or a few (host memory is cut in 1 MiB
+    // stripes), pipelined on each connection, and a ragged tail.
+    let len = (12 << 20) + 4097;
+    let dst = device_buffer(1, &vec![0u8; len]);
+    target.register_memory(dst, len as u64, "*").unwrap();
+    let seg = target.session_id().to_string();
+    for round in 0..3u64 {
+        let mut data = pattern(len, round + 11);
+        initiator
+            .register_memory(data.as_mut_ptr() as u64, len as u64, "*")
+            .unwrap();
+        // Three requests: two large ones, cut into stripes, and a small one.
+        let cut = [0, 5 << 20, len - 4097, len];
+        let reqs: Vec<Request> = cut
+            .windows(2)
+            .map(|w| Request {
+                op: OpCode::Write,
+                local: data.as_ptr() as u64 + w[0] as u64,
+                remote: dst + w[0] as u64,
+                len: (w[1] - w[0]) as u64,
+            })
+            .collect();
+        // SAFETY: `data` is test-owned and outlives the call.
+        unsafe { initiator.transfer_sync(&seg, &reqs) }.unwrap();
+        let landed = device_bytes(dst, len);
+        let wrong = landed.iter().zip(&data).position(|(a, b)| a != b);
+        assert_eq!(
+            wrong, None,
+            "round {round}: the write was reported done before byte {wrong:?} landed"
+        );
+        // Read back through the same connections: a read of device memory comes after
+        // the writes before it have landed.
+        let mut back = vec![0u8; len];
+        let r = Request {
+            op: OpCode::Read,
+            local: back.as_mut_ptr() as u64,
+            remote: dst,
+            len: len as u64,
+        };
+        // SAFETY: `back` is test-owned and outlives the call.
+        unsafe { initiator.transfer_sync(&seg, &[r]) }.unwrap();
+        assert!(back == data, "round {round}: read back other bytes");
+        initiator.unregister_memory(data.as_ptr() as u64).unwrap();
+    }
+    target.unregister_memory(dst).unwrap();
+}
+
+/// One lane, and batches of one 1 MiB write each submitted back to back: they queue on
+/// one connection, so each write's copies are still running while the next one is
+/// received. Each batch, once done, must find its own bytes in place, while the batches
+/// after it are still in flight.
+#[test]
+fn each_pipelined_write_is_done_only_once_its_own_bytes_landed() {
+    install_fake(Vendor::Cuda);
+    std::env::set_var("FAKE_COPY_DELAY_US", "3000");
+    let mut config = transfer_engine::Config::from_env().unwrap();
+    config.tcp_lanes_per_peer = 1;
+    config.tcp_caller_conns = 0;
+    let initiator =
+        transfer_engine::TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap();
+    let target = engine();
+    const N: usize = 12;
+    const ONE: usize = 1 << 20;
+    let dst = device_buffer(0, &vec![0u8; N * ONE]);
+    target.register_memory(dst, (N * ONE) as u64, "*").unwrap();
+    let seg = target.session_id().to_string();
+    let data = pattern(N * ONE, 21);
+    initiator
+        .register_memory(data.as_ptr() as u64, (N * ONE) as u64, "*")
+        .unwrap();
+    let batches: Vec<_> = (0..N)
+        .map(|i| {
+            let w = Request {
+                op: OpCode::Write,
+                local: data.as_ptr() as u64 + (i * ONE) as u64,
+                remote: dst + (i * ONE) as u64,
+                len: ONE as u64,
+            };
+            // SAFETY: `data` is test-owned and outlives every batch (all are waited for).
+            unsafe { initiator.submit(&seg, &[w]) }.unwrap()
+        })
+        .collect();
+    let mut early = Vec::new();
+    for (i, b) in batches.iter().enumerate() {
+        b.wait().unwrap();
+        let at = dst + (i * ONE) as u64;
+        if device_bytes(at, ONE) != data[i * ONE..(i + 1) * ONE] {
+            early.push(i);
+        }
+    }
+    assert!(
+        early.is_empty(),
+        "writes reported done before they landed: {early:?}"
+    );
+    initiator.unregister_memory(data.as_ptr() as u64).unwrap();
+    target.unregister_memory(dst).unwrap();
+}
