@@ -118,3 +118,54 @@ fn each_pipelined_write_is_done_only_once_its_own_bytes_landed() {
     initiator.unregister_memory(data.as_ptr() as u64).unwrap();
     target.unregister_memory(dst).unwrap();
 }
+
+/// The same for reads into device memory: batches of one 1 MiB read each, submitted
+/// back to back on one lane, their replies received one after another by one thread.
+/// Each batch, once done, must find its own bytes in place.
+#[test]
+fn each_pipelined_read_into_device_memory_is_done_only_once_its_bytes_landed() {
+    install_fake(Vendor::Cuda);
+    std::env::set_var("FAKE_COPY_DELAY_US", "3000");
+    let mut config = transfer_engine::Config::from_env().unwrap();
+    config.tcp_lanes_per_peer = 1;
+    config.tcp_caller_conns = 0;
+    let initiator =
+        transfer_engine::TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap();
+    let target = engine();
+    const N: usize = 12;
+    const ONE: usize = 1 << 20;
+    let data = pattern(N * ONE, 33);
+    target
+        .register_memory(data.as_ptr() as u64, (N * ONE) as u64, "*")
+        .unwrap();
+    let seg = target.session_id().to_string();
+    let dst = device_buffer(1, &vec![0u8; N * ONE]);
+    initiator
+        .register_memory(dst, (N * ONE) as u64, "*")
+        .unwrap();
+    let batches: Vec<_> = (0..N)
+        .map(|i| {
+            let r = Request {
+                op: OpCode::Read,
+                local: dst + (i * ONE) as u64,
+                remote: data.as_ptr() as u64 + (i * ONE) as u64,
+                len: ONE as u64,
+            };
+            // SAFETY: `dst` is test-owned and outlives every batch (all are waited for).
+            unsafe { initiator.submit(&seg, &[r]) }.unwrap()
+        })
+        .collect();
+    let mut early = Vec::new();
+    for (i, b) in batches.iter().enumerate() {
+        b.wait().unwrap();
+        if device_bytes(dst + (i * ONE) as u64, ONE) != data[i * ONE..(i + 1) * ONE] {
+            early.push(i);
+        }
+    }
+    assert!(
+        early.is_empty(),
+        "reads reported done before they landed: {early:?}"
+    );
+    initiator.unregister_memory(dst).unwrap();
+    target.unregister_memory(data.as_ptr() as u64).unwrap();
+}

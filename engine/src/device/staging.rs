@@ -219,6 +219,24 @@ pub fn receive_into(device: u32, src: &mut impl Read, dst: u64, len: usize) -> i
     })
 }
 
+/// As [`receive_into`], leaving the last copies running: [`settle`] before the bytes are
+/// used. Copies left running by the call before on this thread and device have landed
+/// once `earlier_landed` runs (before this call returns).
+pub fn receive_landing(
+    device: u32,
+    src: &mut impl Read,
+    dst: u64,
+    len: usize,
+    earlier_landed: impl FnOnce() -> io::Result<()>,
+) -> io::Result<()> {
+    with_stager(device, |s| s.receive_into(src, dst, len, earlier_landed))
+}
+
+/// Waits for the copies this thread left running on `device`.
+pub fn settle(device: u32) -> io::Result<()> {
+    with_stager(device, Stager::settle)
+}
+
 /// Writes `prefix`, then `len` bytes of device memory at `src` on `device`, to `dst`.
 pub fn send_from(
     device: u32,

@@ -1103,14 +1103,93 @@ enum Reply {
 
 fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared: Arc<LinkShared>) {
     let mut failure: Option<String> = None;
+    let mut landing = Landing {
+        read: None,
+        pending: &pending,
+        shared: &shared,
+    };
     // Never spins: it serves pipelined requests, where spinning took CPUs from threads
     // with work (15% of 64 KiB throughput on the 16-core host).
-    while let Ok(held) = rx.recv() {
-        let owed = owed_bytes(held.slice());
-        settle_next(replies, held, &shared, &mut failure);
-        // After the reply was read: the lane may now read the next one itself.
-        pending.done(owed);
+    loop {
+        let held = match rx.try_recv() {
+            Ok(held) => held,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                // No reply to read next: the caller may be waiting for this one.
+                landing.settle();
+                match rx.recv() {
+                    Ok(held) => held,
+                    Err(RecvError) => break,
+                }
+            }
+        };
+        let into_device = (held.slice().op == OpCode::Read)
+            .then_some(held.slice().local_device)
+            .flatten()
+            .filter(|_| failure.is_none());
+        if landing.device().is_some_and(|d| Some(d) != into_device) {
+            landing.settle();
+        }
+        if into_device.is_some() {
+            failure = settle_landing(replies, held, &shared, &mut landing);
+        } else {
+            let owed = owed_bytes(held.slice());
+            settle_next(replies, held, &shared, &mut failure);
+            // After the reply was read: the lane may now read the next one itself.
+            pending.done(owed);
+        }
     }
+    landing.settle();
+}
+
+/// A read into device memory whose last copies may still be running (the receiver
+/// thread's stager keeps them running while the next reply comes in): completed once they
+/// have landed, and until then owed, so that no lane reads a reply meanwhile.
+struct Landing<'a> {
+    read: Option<(Held, u32)>,
+    pending: &'a InFlight,
+    shared: &'a LinkShared,
+}
+
+impl Landing<'_> {
+    fn device(&self) -> Option<u32> {
+        self.read.as_ref().map(|(_, d)| *d)
+    }
+
+    /// The read's copies have completed (or failed): it is done.
+    fn landed(&mut self, result: io::Result<()>) {
+        let Some((held, _)) = self.read.take() else {
+            return;
+        };
+        let owed = owed_bytes(held.slice());
+        match result {
+            Ok(()) => self.shared.complete(held, Ok(())),
+            Err(e) => self
+                .shared
+                .retry_or_fail(held, &format!("copy into device memory failed: {e}")),
+        }
+        self.pending.done(owed);
+    }
+
+    /// Waits for the read's copies, then completes it.
+    fn settle(&mut self) {
+        if let Some(device) = self.device() {
+            let settled = crate::device::staging::settle(device);
+            self.landed(settled);
+        }
+    }
+}
+
+/// [`settle`] for a read into device memory on the receiver thread: its last copies are
+/// left running in `landing` (the one there before has landed by the time its bytes are
+/// all read, and is completed then).
+fn settle_landing(
+    replies: &Replies,
+    held: Held,
+    shared: &LinkShared,
+    landing: &mut Landing,
+) -> Option<String> {
+    settle_with(replies, held, shared, Duration::ZERO, Some(landing))
 }
 
 /// Settles the next of the slices in flight on a connection, in order: reads its reply,
@@ -1126,6 +1205,18 @@ fn settle_next(replies: &Replies, held: Held, shared: &LinkShared, failure: &mut
 /// a broken connection, marks it `broken`, shuts the socket down and returns why (later
 /// slices in flight on it cannot succeed).
 fn settle(replies: &Replies, held: Held, shared: &LinkShared, spin: Duration) -> Option<String> {
+    settle_with(replies, held, shared, spin, None)
+}
+
+/// [`settle`], and with `landing`, a read into device memory goes there when done rather
+/// than being completed.
+fn settle_with(
+    replies: &Replies,
+    held: Held,
+    shared: &LinkShared,
+    spin: Duration,
+    mut landing: Option<&mut Landing>,
+) -> Option<String> {
     let Replies {
         stream,
         cut,
@@ -1141,9 +1232,22 @@ fn settle(replies: &Replies, held: Held, shared: &LinkShared, spin: Duration) ->
                 .map_or(Some(()), |ready| ready.then_some(()))
         });
     }
-    match read_reply(stream, &held, shared.v2, cut, &mut ahead) {
+    match read_reply(
+        stream,
+        &held,
+        shared.v2,
+        cut,
+        &mut ahead,
+        landing.as_deref_mut(),
+    ) {
         Ok(Reply::Done) => {
-            shared.complete(held, Ok(()));
+            match (landing, held.slice().local_device) {
+                (Some(l), Some(device)) => {
+                    l.settle();
+                    l.read = Some((held, device));
+                }
+                _ => shared.complete(held, Ok(())),
+            }
             None
         }
         Ok(Reply::Rejected) => {
@@ -1198,12 +1302,15 @@ enum ReplyError {
     Protocol(String),
 }
 
+/// Reads the reply to `held`. With `landing`, a read into device memory leaves its last
+/// copies running, and the read in `landing` is completed once its own have landed.
 fn read_reply(
     stream: &TcpStream,
     held: &Held,
     v2: bool,
     cut: &SocketCut,
     ahead: &mut ReadAhead,
+    landing: Option<&mut Landing>,
 ) -> Result<Reply, ReplyError> {
     let own = CutStream { stream, cut };
     if v2 {
@@ -1218,14 +1325,24 @@ fn read_reply(
     }
     let s = held.slice();
     if s.op == OpCode::Read {
-        match s.local_device {
-            Some(device) => crate::device::staging::receive_into(
+        match (s.local_device, landing) {
+            (Some(device), Some(earlier)) => crate::device::staging::receive_landing(
+                device,
+                &mut ahead.reader(own),
+                s.local,
+                s.len as usize,
+                || {
+                    earlier.landed(Ok(()));
+                    Ok(())
+                },
+            ),
+            (Some(device), None) => crate::device::staging::receive_into(
                 device,
                 &mut ahead.reader(own),
                 s.local,
                 s.len as usize,
             ),
-            None => ahead.recv_span(stream, cut, held.local_span(), None),
+            (None, _) => ahead.recv_span(stream, cut, held.local_span(), None),
         }
         .map_err(ReplyError::Io)?;
     }
