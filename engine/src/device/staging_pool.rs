@@ -19,6 +19,7 @@
 //! lanes hold every stager its server needs.
 
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,8 @@ use crate::log_throttle::LogThrottle;
 struct Pool {
     state: Mutex<State>,
     freed: Condvar,
+    /// Requests waiting for a stager now.
+    waiting: AtomicUsize,
     exhausted_log: LogThrottle,
 }
 
@@ -57,6 +60,7 @@ fn pool() -> &'static Pool {
                 wait: defaults.tcp_status_timeout,
             }),
             freed: Condvar::new(),
+            waiting: AtomicUsize::new(0),
             exhausted_log: LogThrottle::per_second(),
         }
     })
@@ -89,6 +93,11 @@ pub fn configure(config: &Config) {
 /// Stagers in existence now (idle or checked out).
 pub fn live_stagers() -> usize {
     pool().state.lock().live
+}
+
+/// A request is waiting for a stager: one held across several requests goes back first.
+pub(crate) fn wanted() -> bool {
+    pool().waiting.load(Ordering::SeqCst) > 0
 }
 
 /// A stager checked out of the pool; goes back on drop, its copies settled first.
@@ -184,7 +193,10 @@ pub(crate) fn checkout(device: u32) -> io::Result<Lease> {
                 (max * STAGER_BYTES) >> 20
             );
         }
-        if p.freed.wait_until(&mut st, deadline).timed_out() {
+        p.waiting.fetch_add(1, Ordering::SeqCst);
+        let timed_out = p.freed.wait_until(&mut st, deadline).timed_out();
+        p.waiting.fetch_sub(1, Ordering::SeqCst);
+        if timed_out {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(

@@ -216,10 +216,13 @@ fn serve(
         let pin = shared.memory.pin_near(h.addr, h.size, &holder, &mut last);
         let device = pin.as_ref().and_then(|p| p.region().device).map(|(_, d)| d);
         // Only another write into the same device's memory goes on while earlier ones
-        // land: everything else may send statuses, or read what they write.
+        // land: everything else may send statuses, or read what they write. And only while
+        // no other connection waits for a stager: the one held here goes back between
+        // requests then, as it did before writes could land late.
         let joins = h.opcode == OpCode::Write
             && device.is_some()
-            && landing.as_ref().map(Landing::device) == device;
+            && landing.as_ref().map(Landing::device) == device
+            && !crate::device::staging_pool::wanted();
         if !joins {
             land(&mut landing, &mut statuses, &mut own)?;
         }
