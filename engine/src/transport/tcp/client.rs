@@ -42,6 +42,7 @@ use super::cut_reader::CutStream;
 use super::read_ahead::ReadAhead;
 use crate::config::Config;
 use crate::error::TransferError;
+use crate::log_throttle::LogThrottle;
 use crate::memory::{Abort, MemSpan, SocketCut};
 use crate::transport::{Held, Slice};
 use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN, STATUS_LEN};
@@ -123,6 +124,11 @@ struct LinkShared {
     lanes: Membership,
     /// Set when the link stops, so that sleeping lanes exit too.
     stopping: AtomicBool,
+    /// Connections of this link open now that have had a reply, and that are open and
+    /// not known broken (see [`refused_by_peer`]).
+    answered_conns: AtomicUsize,
+    healthy_conns: AtomicUsize,
+    refusal_log: LogThrottle,
 }
 
 impl PeerLink {
@@ -154,6 +160,9 @@ impl PeerLink {
             counters,
             lanes: budget.join(),
             stopping: AtomicBool::new(false),
+            answered_conns: AtomicUsize::new(0),
+            healthy_conns: AtomicUsize::new(0),
+            refusal_log: LogThrottle::per_second(),
         });
         let mut threads = Vec::new();
         for i in 0..cfg.tcp_lanes_per_peer {
@@ -462,6 +471,23 @@ impl LinkShared {
         self.busy.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Sends a slice of a connection the peer refused (see [`refused_by_peer`]) back to the
+    /// queue for the link's other lanes, without using up its one re-send: the peer never
+    /// took the request.
+    fn step_back(&self, held: Held) {
+        self.requeue(held.release());
+    }
+
+    /// `held`'s connection failed with `e`: its slice is re-sent (for free if the peer
+    /// refused the connection), or failed.
+    fn resend_after(&self, replies: &Replies, held: Held, e: &io::Error, reason: &str) {
+        if refused_by_peer(replies, self, e) {
+            self.step_back(held);
+        } else {
+            self.retry_or_fail(held, reason);
+        }
+    }
+
     fn retry_or_fail(&self, held: Held, reason: &str) {
         let mut slice = held.release();
         if slice.retries == 0 && !slice.batch.is_canceled() {
@@ -495,6 +521,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
     // a spinning thread would only take a CPU from one with work.
     let mut lone = false;
     let mut group = Vec::new();
+    let mut pause = REFUSED_PAUSE;
     loop {
         shared
             .lanes
@@ -522,8 +549,24 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
             continue;
         }
         if conn.as_ref().is_some_and(Conn::is_stale) {
+            let refused = conn
+                .as_ref()
+                .is_some_and(|c| c.replies.refused.load(Ordering::Acquire));
+            // Dropped first: its receiver has sent its slices back by then.
             conn = None;
             broke = true;
+            if refused {
+                shared.requeue(slice);
+                step_back_for(&shared, index, pause);
+                pause = (pause * 2).min(REFUSED_PAUSE_MAX);
+                continue;
+            }
+        }
+        if conn
+            .as_ref()
+            .is_some_and(|c| c.replies.answered.load(Ordering::Acquire))
+        {
+            pause = REFUSED_PAUSE;
         }
         if conn.is_none() {
             if let Some(why) = shared.recently_dead() {
@@ -558,6 +601,27 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
         if stop {
             break;
         }
+    }
+}
+
+/// Lane `index` stays out of the link's work for `pause` (or until the link stops): the
+/// peer refused its connection, and the link's other lanes carry on.
+fn step_back_for(shared: &LinkShared, index: usize, pause: Duration) {
+    if let Some(left_out) = shared.refusal_log.allow() {
+        tracing::warn!(
+            "peer {} refused a data connection of lane {index} (its data server is at \
+             MC_TCP_SERVER_MAX_CONNECTIONS or _PER_IP); the lane steps back for {pause:?} \
+             and the other lanes carry its requests; {left_out} such lines left out",
+            shared.peer
+        );
+    }
+    let until = Instant::now() + pause;
+    while !shared.stopping.load(Ordering::Acquire) {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
     }
 }
 
@@ -597,6 +661,15 @@ fn open_direct(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, Strin
         .map_err(|e| format!("setting a send timeout failed: {e}"))?;
     Ok(c)
 }
+
+/// Why the slices of a connection the peer refused went back to the queue.
+const REFUSED: &str = "the peer refused the connection (its data server's connection cap)";
+
+/// How long a lane whose connection the peer refused stays out at first; doubled at each
+/// refusal in a row, up to [`REFUSED_PAUSE_MAX`]. Meanwhile the link's other lanes carry
+/// its work.
+const REFUSED_PAUSE: Duration = Duration::from_secs(1);
+const REFUSED_PAUSE_MAX: Duration = Duration::from_secs(30);
 
 /// Bytes of a batch sent on its caller's thread at most: a larger one is carried faster
 /// by the lanes' connections in parallel.
@@ -658,6 +731,19 @@ struct Replies {
     cut: Arc<SocketCut>,
     broken: AtomicBool,
     ahead: Mutex<ReadAhead>,
+    /// A reply came on this connection.
+    answered: AtomicBool,
+    /// The peer refused this connection (see [`refused_by_peer`]).
+    refused: AtomicBool,
+}
+
+impl Replies {
+    /// The connection is broken: counted out of the link's healthy ones once.
+    fn mark_broken(&self, shared: &LinkShared) {
+        if !self.broken.swap(true, Ordering::AcqRel) {
+            shared.healthy_conns.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Conn {
@@ -677,6 +763,8 @@ impl Conn {
             cut: cut.clone(),
             broken: AtomicBool::new(false),
             ahead: Mutex::new(ReadAhead::default()),
+            answered: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
         });
         let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
         shared.open.lock().push((id, cut.clone()));
@@ -691,6 +779,7 @@ impl Conn {
                 return Err(e);
             }
         };
+        shared.healthy_conns.fetch_add(1, Ordering::AcqRel);
         Ok(Self {
             id,
             shared: shared.clone(),
@@ -723,7 +812,7 @@ impl Conn {
     }
 
     fn break_off(&self) {
-        self.replies.broken.store(true, Ordering::Release);
+        self.replies.mark_broken(&self.shared);
         let _ = self.stream.shutdown(Shutdown::Both);
     }
 
@@ -845,7 +934,7 @@ impl Conn {
             tracing::debug!("send to {} failed: {e}", shared.peer);
             self.break_off();
             for held in group.drain(..) {
-                shared.retry_or_fail(held, &format!("send failed: {e}"));
+                shared.resend_after(&self.replies, held, &e, &format!("send failed: {e}"));
             }
             return false;
         }
@@ -904,7 +993,7 @@ impl Conn {
     fn send_failed(&self, held: Held, shared: &LinkShared, e: &io::Error) {
         tracing::debug!("send to {} failed: {e}", shared.peer);
         self.break_off();
-        shared.retry_or_fail(held, &format!("send failed: {e}"));
+        shared.resend_after(&self.replies, held, e, &format!("send failed: {e}"));
     }
 
     /// Sends `held` (a small host-memory request, nothing owed on this connection) and
@@ -997,6 +1086,10 @@ impl Drop for Conn {
         if let Some(r) = self.receiver.take() {
             let _ = r.join();
         }
+        if self.replies.answered.load(Ordering::Acquire) {
+            self.shared.answered_conns.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.replies.mark_broken(&self.shared);
         let _ = self.stream.shutdown(Shutdown::Both);
         self.shared.open.lock().retain(|(id, _)| *id != self.id);
     }
@@ -1196,8 +1289,40 @@ fn settle_landing(
 /// or, once the connection has failed (`failure`, set here), re-sends it once elsewhere.
 fn settle_next(replies: &Replies, held: Held, shared: &LinkShared, failure: &mut Option<String>) {
     match failure {
+        Some(_) if replies.refused.load(Ordering::Acquire) => shared.step_back(held),
         Some(why) => shared.retry_or_fail(held, why),
         None => *failure = settle(replies, held, shared, Duration::ZERO),
+    }
+}
+
+/// The peer closed (or reset) a connection of ours before any reply came on it, while
+/// other connections of the link have had theirs or are still open and whole: its data
+/// server refused this one (it was at `MC_TCP_SERVER_MAX_CONNECTIONS[_PER_IP]`: it accepts
+/// such a connection and closes it at once, having read nothing), rather than failing.
+/// Called once the connection is marked broken (so it is not counted healthy itself).
+/// Marks the connection refused.
+fn refused_by_peer(replies: &Replies, shared: &LinkShared, e: &io::Error) -> bool {
+    let closed = matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+    );
+    let others_work = shared.answered_conns.load(Ordering::Acquire) > 0
+        || shared.healthy_conns.load(Ordering::Acquire) > 0;
+    let refused = closed && !replies.answered.load(Ordering::Acquire) && others_work;
+    if refused {
+        replies.refused.store(true, Ordering::Release);
+    }
+    refused
+}
+
+/// A reply came on the connection of `replies`.
+fn answered(replies: &Replies, shared: &LinkShared) {
+    // Read first: every reply passes here, and only the first may write.
+    if !replies.answered.load(Ordering::Relaxed) && !replies.answered.swap(true, Ordering::AcqRel) {
+        shared.answered_conns.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -1218,10 +1343,7 @@ fn settle_with(
     mut landing: Option<&mut Landing>,
 ) -> Option<String> {
     let Replies {
-        stream,
-        cut,
-        broken,
-        ahead,
+        stream, cut, ahead, ..
     } = replies;
     let mut ahead = ahead.lock();
     // A lone small request's reply comes within microseconds: wait for it awake. An error
@@ -1232,14 +1354,18 @@ fn settle_with(
                 .map_or(Some(()), |ready| ready.then_some(()))
         });
     }
-    match read_reply(
+    let reply = read_reply(
         stream,
         &held,
         shared.v2,
         cut,
         &mut ahead,
         landing.as_deref_mut(),
-    ) {
+    );
+    if reply.is_ok() {
+        answered(replies, shared);
+    }
+    match reply {
         Ok(Reply::Done) => {
             match (landing, held.slice().local_device) {
                 (Some(l), Some(device)) => {
@@ -1261,7 +1387,7 @@ fn settle_with(
             None
         }
         Err(ReplyError::Protocol(why)) => {
-            broken.store(true, Ordering::Release);
+            replies.mark_broken(shared);
             let _ = stream.shutdown(Shutdown::Both);
             let err = TransferError::Protocol {
                 peer: shared.peer.to_string(),
@@ -1271,12 +1397,20 @@ fn settle_with(
             Some(why)
         }
         Err(ReplyError::Io(e)) => {
-            broken.store(true, Ordering::Release);
+            replies.mark_broken(shared);
             let _ = stream.shutdown(Shutdown::Both);
+            if refused_by_peer(replies, shared, &e) {
+                shared.step_back(held);
+                return Some(REFUSED.to_string());
+            }
             let why = match e.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
                     "no reply within {:?} (MC_TCP_STATUS_TIMEOUT_SEC)",
                     shared.io_timeout
+                ),
+                _ if !replies.answered.load(Ordering::Acquire) => format!(
+                    "receive failed: {e}; the peer closed the connection before any reply \
+                     (a data server at its MC_TCP_SERVER_MAX_CONNECTIONS or _PER_IP does)"
                 ),
                 _ => format!("receive failed: {e}"),
             };
