@@ -169,3 +169,58 @@ fn each_pipelined_read_into_device_memory_is_done_only_once_its_bytes_landed() {
     initiator.unregister_memory(dst).unwrap();
     target.unregister_memory(data.as_ptr() as u64).unwrap();
 }
+
+/// A peer that pipelines two small writes into host memory and a small write into device
+/// memory, sends only part of the last one's payload, and waits for the first two statuses
+/// before it sends the rest: statuses held back go out before the server waits for the
+/// peer's bytes of a write into device memory, as before any wait.
+#[test]
+fn held_statuses_go_out_before_a_device_write_waits_for_its_payload() {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    use transfer_engine::wire::tcp::{RequestHeader, Status, STATUS_LEN};
+    install_fake(Vendor::Cuda);
+    let mut config = transfer_engine::Config::from_env().unwrap();
+    config.tcp_status_timeout = Duration::from_secs(5);
+    let target = transfer_engine::TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap();
+    let host = transfer_engine::HostBuffer::new(1 << 20);
+    target.register_memory(host.addr(), 1 << 20, "*").unwrap();
+    let dev_len = 64 << 10;
+    let dev = device_buffer(0, &vec![0u8; dev_len]);
+    target.register_memory(dev, dev_len as u64, "*").unwrap();
+    let header = |addr: u64, size: u64| {
+        RequestHeader {
+            size,
+            addr,
+            opcode: OpCode::Write,
+            v2: true,
+        }
+        .encode()
+    };
+    let payload = pattern(8192, 9);
+    let mut first = Vec::new();
+    for i in 0..2u64 {
+        first.extend_from_slice(&header(host.addr() + i * 4096, 4096));
+        first.extend_from_slice(&[i as u8 + 1; 4096]);
+    }
+    first.extend_from_slice(&header(dev, 8192));
+    first.extend_from_slice(&payload[..4096]);
+    let mut peer = std::net::TcpStream::connect(("127.0.0.1", target.data_port())).unwrap();
+    peer.set_nodelay(true).unwrap();
+    peer.write_all(&first).unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut two = [0u8; 2 * STATUS_LEN];
+    peer.read_exact(&mut two).unwrap_or_else(|e| {
+        panic!("the statuses of the two host writes did not come before the rest was sent: {e}")
+    });
+    for s in two.chunks_exact(STATUS_LEN) {
+        let s: [u8; STATUS_LEN] = s.try_into().unwrap();
+        assert!(matches!(Status::decode(&s), Ok(Status::Ok)), "{s:?}");
+    }
+    peer.write_all(&payload[4096..]).unwrap();
+    let mut last = [0u8; STATUS_LEN];
+    peer.read_exact(&mut last).unwrap();
+    assert!(matches!(Status::decode(&last), Ok(Status::Ok)));
+    assert!(device_bytes(dev, 8192) == payload, "wrong bytes landed");
+    assert!(host.to_vec()[..8192] == [[1u8; 4096], [2u8; 4096]].concat());
+}

@@ -253,7 +253,12 @@ fn serve(
                 OpCode::Write => {
                     let into = match landing.as_mut() {
                         Some(l) => l,
-                        None => landing.insert(Landing::start(device)?),
+                        None => {
+                            // Statuses held back go out before this waits for the peer's
+                            // bytes: a peer may wait for them before it sends more.
+                            statuses.flush(&mut own)?;
+                            landing.insert(Landing::start(device)?)
+                        }
                     };
                     let (held, mut to_peer) = (&mut statuses, own);
                     into.receive(&mut ahead.reader(own), h.addr, h.size as usize, pin, || {
