@@ -78,6 +78,9 @@ pub struct PeerLink {
     /// Caller connections open, idle or in use: at most `MC_TCP_CALLER_CONNS`.
     caller_conns: AtomicUsize,
     caller_cap: usize,
+    /// Until when no caller connection is opened: the peer refused one (see
+    /// [`refused_by_peer`]); batches go to the lanes meanwhile.
+    callers_refused_until: Mutex<Option<Instant>>,
 }
 
 /// See [`PeerLink::send_lone`].
@@ -128,6 +131,8 @@ struct LinkShared {
     /// not known broken (see [`refused_by_peer`]).
     answered_conns: AtomicUsize,
     healthy_conns: AtomicUsize,
+    /// Lanes stepping back now (see [`step_back_for`]).
+    lanes_out: AtomicUsize,
     refusal_log: LogThrottle,
 }
 
@@ -162,6 +167,7 @@ impl PeerLink {
             stopping: AtomicBool::new(false),
             answered_conns: AtomicUsize::new(0),
             healthy_conns: AtomicUsize::new(0),
+            lanes_out: AtomicUsize::new(0),
             refusal_log: LogThrottle::per_second(),
         });
         let mut threads = Vec::new();
@@ -187,6 +193,7 @@ impl PeerLink {
             callers: Mutex::new(Vec::new()),
             caller_conns: AtomicUsize::new(0),
             caller_cap: cfg.tcp_caller_conns,
+            callers_refused_until: Mutex::new(None),
         })
     }
 
@@ -323,11 +330,23 @@ impl PeerLink {
             c.cut.set_deadline(None);
         }
         if c.is_broken() {
-            self.caller_conns.fetch_sub(1, Ordering::AcqRel);
+            self.drop_caller_conn(c);
         } else {
             self.callers.lock().push(c);
         }
         Vec::new()
+    }
+
+    /// A caller connection is done for; if the peer refused it, callers open none for
+    /// [`CALLER_REFUSED_PAUSE`] (each would be refused too, and its batch sent again).
+    fn drop_caller_conn(&self, c: Conn) {
+        let replies = c.replies.clone();
+        // Dropped first: its receiver has read (or given up on) every reply by then.
+        drop(c);
+        self.caller_conns.fetch_sub(1, Ordering::AcqRel);
+        if replies.refused.load(Ordering::Acquire) {
+            *self.callers_refused_until.lock() = Some(Instant::now() + CALLER_REFUSED_PAUSE);
+        }
     }
 
     /// An idle caller connection, or a new one within the cap; `None` if none is free.
@@ -340,7 +359,14 @@ impl PeerLink {
             if !c.is_stale() {
                 return Some(c);
             }
-            self.caller_conns.fetch_sub(1, Ordering::AcqRel);
+            self.drop_caller_conn(c);
+        }
+        if self
+            .callers_refused_until
+            .lock()
+            .is_some_and(|until| Instant::now() < until)
+        {
+            return None;
         }
         let open = self.caller_conns.fetch_add(1, Ordering::AcqRel);
         if open >= self.caller_cap || shared.recently_dead().is_some() {
@@ -557,8 +583,9 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
             broke = true;
             if refused {
                 shared.requeue(slice);
-                step_back_for(&shared, index, pause);
-                pause = (pause * 2).min(REFUSED_PAUSE_MAX);
+                if step_back_for(&shared, index, pause) {
+                    pause = (pause * 2).min(REFUSED_PAUSE_MAX);
+                }
                 continue;
             }
         }
@@ -605,8 +632,13 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
 }
 
 /// Lane `index` stays out of the link's work for `pause` (or until the link stops): the
-/// peer refused its connection, and the link's other lanes carry on.
-fn step_back_for(shared: &LinkShared, index: usize, pause: Duration) {
+/// peer refused its connection, and the link's other lanes carry on. The last lane of the
+/// link's share still in never stays out for long (its work would wait for it, with no
+/// lane to take it): it waits [`LAST_LANE_PAUSE`] and tries again. True if it stepped back.
+fn step_back_for(shared: &LinkShared, index: usize, pause: Duration) -> bool {
+    let out = shared.lanes_out.fetch_add(1, Ordering::AcqRel) + 1;
+    let others_in = out < shared.lanes.budget().share();
+    let pause = if others_in { pause } else { LAST_LANE_PAUSE };
     if let Some(left_out) = shared.refusal_log.allow() {
         tracing::warn!(
             "peer {} refused a data connection of lane {index} (its data server is at \
@@ -623,6 +655,8 @@ fn step_back_for(shared: &LinkShared, index: usize, pause: Duration) {
         }
         std::thread::sleep(left.min(Duration::from_millis(50)));
     }
+    shared.lanes_out.fetch_sub(1, Ordering::AcqRel);
+    others_in
 }
 
 /// Opens a connection to the peer and counts it (a reconnect if `broke`, which it clears);
@@ -670,6 +704,12 @@ const REFUSED: &str = "the peer refused the connection (its data server's connec
 /// its work.
 const REFUSED_PAUSE: Duration = Duration::from_secs(1);
 const REFUSED_PAUSE_MAX: Duration = Duration::from_secs(30);
+
+/// How long the link's last lane still in waits after the peer refused its connection.
+const LAST_LANE_PAUSE: Duration = Duration::from_millis(100);
+
+/// How long callers open no connection of their own after the peer refused one.
+const CALLER_REFUSED_PAUSE: Duration = Duration::from_secs(5);
 
 /// Bytes of a batch sent on its caller's thread at most: a larger one is carried faster
 /// by the lanes' connections in parallel.
