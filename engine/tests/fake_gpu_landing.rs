@@ -68,12 +68,12 @@ fn pipelined_writes_into_device_memory_are_done_only_once_landed() {
     target.unregister_memory(dst).unwrap();
 }
 
-/// One lane, and batches of one 1 MiB write each submitted back to back: they queue on
-/// one connection, so each write's copies are still running while the next one is
-/// received. Each batch, once done, must find its own bytes in place, while the batches
-/// after it are still in flight.
-#[test]
-fn each_pipelined_write_is_done_only_once_its_own_bytes_landed() {
+/// The slow-copy fake, an initiator with one lane (and no caller connections), so that
+/// its batches queue on one connection, and a target.
+fn one_lane_pair() -> (
+    transfer_engine::TransferEngine,
+    transfer_engine::TransferEngine,
+) {
     install_fake(Vendor::Cuda);
     std::env::set_var("FAKE_COPY_DELAY_US", "3000");
     let mut config = transfer_engine::Config::from_env().unwrap();
@@ -81,7 +81,16 @@ fn each_pipelined_write_is_done_only_once_its_own_bytes_landed() {
     config.tcp_caller_conns = 0;
     let initiator =
         transfer_engine::TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap();
-    let target = engine();
+    (initiator, engine())
+}
+
+/// One lane, and batches of one 1 MiB write each submitted back to back: they queue on
+/// one connection, so each write's copies are still running while the next one is
+/// received. Each batch, once done, must find its own bytes in place, while the batches
+/// after it are still in flight.
+#[test]
+fn each_pipelined_write_is_done_only_once_its_own_bytes_landed() {
+    let (initiator, target) = one_lane_pair();
     const N: usize = 12;
     const ONE: usize = 1 << 20;
     let dst = device_buffer(0, &vec![0u8; N * ONE]);
@@ -124,14 +133,7 @@ fn each_pipelined_write_is_done_only_once_its_own_bytes_landed() {
 /// Each batch, once done, must find its own bytes in place.
 #[test]
 fn each_pipelined_read_into_device_memory_is_done_only_once_its_bytes_landed() {
-    install_fake(Vendor::Cuda);
-    std::env::set_var("FAKE_COPY_DELAY_US", "3000");
-    let mut config = transfer_engine::Config::from_env().unwrap();
-    config.tcp_lanes_per_peer = 1;
-    config.tcp_caller_conns = 0;
-    let initiator =
-        transfer_engine::TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap();
-    let target = engine();
+    let (initiator, target) = one_lane_pair();
     const N: usize = 12;
     const ONE: usize = 1 << 20;
     let data = pattern(N * ONE, 33);

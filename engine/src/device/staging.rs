@@ -102,14 +102,12 @@ impl Stager {
             }
             .map_err(io::Error::other)?;
             self.pending[b] = true;
-            if off == 0 {
+            if let Some(f) = earlier_landed.take() {
                 // The other buffer holds the last chunk of the call before, if any.
                 self.wait(b ^ 1)?;
-            }
-            off += n;
-            if let Some(f) = earlier_landed.take() {
                 f()?;
             }
+            off += n;
         }
         earlier_landed.map_or(Ok(()), |f| f())
     }

@@ -127,9 +127,7 @@ struct LinkShared {
     lanes: Membership,
     /// Set when the link stops, so that sleeping lanes exit too.
     stopping: AtomicBool,
-    /// Connections of this link open now that have had a reply, and that are open and
-    /// not known broken (see [`refused_by_peer`]).
-    answered_conns: AtomicUsize,
+    /// Connections of this link open and not known broken (see [`refused_by_peer`]).
     healthy_conns: AtomicUsize,
     /// Lanes stepping back now (see [`step_back_for`]).
     lanes_out: AtomicUsize,
@@ -165,7 +163,6 @@ impl PeerLink {
             counters,
             lanes: budget.join(),
             stopping: AtomicBool::new(false),
-            answered_conns: AtomicUsize::new(0),
             healthy_conns: AtomicUsize::new(0),
             lanes_out: AtomicUsize::new(0),
             refusal_log: LogThrottle::per_second(),
@@ -1126,9 +1123,6 @@ impl Drop for Conn {
         if let Some(r) = self.receiver.take() {
             let _ = r.join();
         }
-        if self.replies.answered.load(Ordering::Acquire) {
-            self.shared.answered_conns.fetch_sub(1, Ordering::AcqRel);
-        }
         self.replies.mark_broken(&self.shared);
         let _ = self.stream.shutdown(Shutdown::Both);
         self.shared.open.lock().retain(|(id, _)| *id != self.id);
@@ -1264,7 +1258,9 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
             landing.settle();
         }
         if into_device.is_some() {
-            failure = settle_landing(replies, held, &shared, &mut landing);
+            // Its last copies are left running in `landing`; the read there before has
+            // landed by the time this one's bytes are all read, and is completed then.
+            failure = settle_with(replies, held, &shared, Duration::ZERO, Some(&mut landing));
         } else {
             let owed = owed_bytes(held.slice());
             settle_next(replies, held, &shared, &mut failure);
@@ -1313,18 +1309,6 @@ impl Landing<'_> {
     }
 }
 
-/// [`settle`] for a read into device memory on the receiver thread: its last copies are
-/// left running in `landing` (the one there before has landed by the time its bytes are
-/// all read, and is completed then).
-fn settle_landing(
-    replies: &Replies,
-    held: Held,
-    shared: &LinkShared,
-    landing: &mut Landing,
-) -> Option<String> {
-    settle_with(replies, held, shared, Duration::ZERO, Some(landing))
-}
-
 /// Settles the next of the slices in flight on a connection, in order: reads its reply,
 /// or, once the connection has failed (`failure`, set here), re-sends it once elsewhere.
 fn settle_next(replies: &Replies, held: Held, shared: &LinkShared, failure: &mut Option<String>) {
@@ -1336,7 +1320,7 @@ fn settle_next(replies: &Replies, held: Held, shared: &LinkShared, failure: &mut
 }
 
 /// The peer closed (or reset) a connection of ours before any reply came on it, while
-/// other connections of the link have had theirs or are still open and whole: its data
+/// other connections of the link are still open and whole: its data
 /// server refused this one (it was at `MC_TCP_SERVER_MAX_CONNECTIONS[_PER_IP]`: it accepts
 /// such a connection and closes it at once, having read nothing), rather than failing.
 /// Called once the connection is marked broken (so it is not counted healthy itself).
@@ -1349,8 +1333,7 @@ fn refused_by_peer(replies: &Replies, shared: &LinkShared, e: &io::Error) -> boo
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::BrokenPipe
     );
-    let others_work = shared.answered_conns.load(Ordering::Acquire) > 0
-        || shared.healthy_conns.load(Ordering::Acquire) > 0;
+    let others_work = shared.healthy_conns.load(Ordering::Acquire) > 0;
     let refused = closed && !replies.answered.load(Ordering::Acquire) && others_work;
     if refused {
         replies.refused.store(true, Ordering::Release);
@@ -1359,10 +1342,10 @@ fn refused_by_peer(replies: &Replies, shared: &LinkShared, e: &io::Error) -> boo
 }
 
 /// A reply came on the connection of `replies`.
-fn answered(replies: &Replies, shared: &LinkShared) {
-    // Read first: every reply passes here, and only the first may write.
-    if !replies.answered.load(Ordering::Relaxed) && !replies.answered.swap(true, Ordering::AcqRel) {
-        shared.answered_conns.fetch_add(1, Ordering::AcqRel);
+fn answered(replies: &Replies) {
+    // Read first: every reply passes here, and only the first need write.
+    if !replies.answered.load(Ordering::Relaxed) {
+        replies.answered.store(true, Ordering::Release);
     }
 }
 
@@ -1403,7 +1386,7 @@ fn settle_with(
         landing.as_deref_mut(),
     );
     if reply.is_ok() {
-        answered(replies, shared);
+        answered(replies);
     }
     match reply {
         Ok(Reply::Done) => {

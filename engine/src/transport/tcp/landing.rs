@@ -58,11 +58,7 @@ impl Landing {
     /// Waits until every write received has landed; then their regions are unpinned and
     /// the stager goes back to the pool.
     pub fn settle(mut self) -> io::Result<()> {
-        let settled = self.lease.stager().and_then(|s| s.settle());
-        if settled.is_ok() {
-            self.pins.clear();
-        }
-        settled
+        self.lease.stager()?.settle()
     }
 }
 
