@@ -72,15 +72,7 @@ pub struct PeerLink {
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// The connection of no lane, on which a caller runs a lone small request itself.
     direct: Mutex<Direct>,
-    /// Idle connections of no lane on which callers send their batches themselves (see
-    /// [`PeerLink::send_here`]).
-    callers: Mutex<Vec<Conn>>,
-    /// Caller connections open, idle or in use: at most `MC_TCP_CALLER_CONNS`.
-    caller_conns: AtomicUsize,
     caller_cap: usize,
-    /// Until when no caller connection is opened: the peer refused one (see
-    /// [`refused_by_peer`]); batches go to the lanes meanwhile.
-    callers_refused_until: Mutex<Option<Instant>>,
 }
 
 /// See [`PeerLink::send_lone`].
@@ -132,6 +124,14 @@ struct LinkShared {
     /// Lanes stepping back now (see [`step_back_for`]).
     lanes_out: AtomicUsize,
     refusal_log: LogThrottle,
+    /// Idle connections of no lane on which callers send their batches themselves (see
+    /// [`PeerLink::send_here`]).
+    callers: Mutex<Vec<Conn>>,
+    /// Caller connections open, idle or in use: at most `MC_TCP_CALLER_CONNS`.
+    caller_conns: AtomicUsize,
+    /// Until when no caller connection is opened: the peer refused one (see
+    /// [`refused_by_peer`]); batches go to the lanes meanwhile.
+    callers_refused_until: Mutex<Option<Instant>>,
 }
 
 impl PeerLink {
@@ -166,6 +166,9 @@ impl PeerLink {
             healthy_conns: AtomicUsize::new(0),
             lanes_out: AtomicUsize::new(0),
             refusal_log: LogThrottle::per_second(),
+            callers: Mutex::new(Vec::new()),
+            caller_conns: AtomicUsize::new(0),
+            callers_refused_until: Mutex::new(None),
         });
         let mut threads = Vec::new();
         for i in 0..cfg.tcp_lanes_per_peer {
@@ -187,10 +190,7 @@ impl PeerLink {
             rx,
             threads: Mutex::new(threads),
             direct: Mutex::new(Direct::default()),
-            callers: Mutex::new(Vec::new()),
-            caller_conns: AtomicUsize::new(0),
             caller_cap: cfg.tcp_caller_conns,
-            callers_refused_until: Mutex::new(None),
         })
     }
 
@@ -327,54 +327,42 @@ impl PeerLink {
             c.cut.set_deadline(None);
         }
         if c.is_broken() {
-            self.drop_caller_conn(c);
+            shared.drop_caller_conn(c);
         } else {
-            self.callers.lock().push(c);
+            shared.callers.lock().push(c);
         }
         Vec::new()
-    }
-
-    /// A caller connection is done for; if the peer refused it, callers open none for
-    /// [`CALLER_REFUSED_PAUSE`] (each would be refused too, and its batch sent again).
-    fn drop_caller_conn(&self, c: Conn) {
-        let replies = c.replies.clone();
-        // Dropped first: its receiver has read (or given up on) every reply by then.
-        drop(c);
-        self.caller_conns.fetch_sub(1, Ordering::AcqRel);
-        if replies.refused.load(Ordering::Acquire) {
-            *self.callers_refused_until.lock() = Some(Instant::now() + CALLER_REFUSED_PAUSE);
-        }
     }
 
     /// An idle caller connection, or a new one within the cap; `None` if none is free.
     fn caller_conn(&self) -> Option<Conn> {
         let shared = &self.shared;
         loop {
-            let Some(c) = self.callers.lock().pop() else {
+            let Some(c) = shared.callers.lock().pop() else {
                 break;
             };
             if !c.is_stale() {
                 return Some(c);
             }
-            self.drop_caller_conn(c);
+            shared.drop_caller_conn(c);
         }
-        if self
+        if shared
             .callers_refused_until
             .lock()
             .is_some_and(|until| Instant::now() < until)
         {
             return None;
         }
-        let open = self.caller_conns.fetch_add(1, Ordering::AcqRel);
+        let open = shared.caller_conns.fetch_add(1, Ordering::AcqRel);
         if open >= self.caller_cap || shared.recently_dead().is_some() {
-            self.caller_conns.fetch_sub(1, Ordering::AcqRel);
+            shared.caller_conns.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
         let mut broke = false;
         match connect(shared, &mut broke, Handoff::Unbounded) {
             Ok(c) => Some(c),
             Err(_) => {
-                self.caller_conns.fetch_sub(1, Ordering::AcqRel);
+                shared.caller_conns.fetch_sub(1, Ordering::AcqRel);
                 None
             }
         }
@@ -424,7 +412,8 @@ impl Drop for PeerLink {
         let threads = std::mem::take(&mut *self.threads.lock());
         stop(&self.shared, threads);
         // After `stop` cut them: a receiver waiting for a reply returns at once.
-        self.callers.lock().clear();
+        // The pool also breaks the cycle its connections (which hold `shared`) make.
+        self.shared.callers.lock().clear();
         while let Ok(msg) = self.rx.try_recv() {
             if let LaneMsg::Work(s) = msg {
                 self.shared
@@ -492,6 +481,34 @@ impl LinkShared {
     fn complete(&self, held: Held, result: Result<(), TransferError>) {
         held.finish(result);
         self.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A caller connection is done for; if the peer refused it, callers open none for
+    /// [`CALLER_REFUSED_PAUSE`] (each would be refused too, and its batch sent again).
+    fn drop_caller_conn(&self, c: Conn) {
+        let replies = c.replies.clone();
+        // Dropped first: its receiver has read (or given up on) every reply by then.
+        drop(c);
+        self.caller_conns.fetch_sub(1, Ordering::AcqRel);
+        if replies.refused.load(Ordering::Acquire) {
+            self.pause_callers();
+        }
+    }
+
+    fn pause_callers(&self) {
+        *self.callers_refused_until.lock() = Some(Instant::now() + CALLER_REFUSED_PAUSE);
+    }
+
+    /// The peer refused a lane's connection: idle caller connections give their places
+    /// at the peer back (a capped peer's every place may be held by them, with the lanes'
+    /// work waiting), and callers open none for a while.
+    fn shed_idle_callers(&self) {
+        self.pause_callers();
+        let idle = std::mem::take(&mut *self.callers.lock());
+        for c in idle {
+            drop(c);
+            self.caller_conns.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Sends a slice of a connection the peer refused (see [`refused_by_peer`]) back to the
@@ -580,6 +597,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
             broke = true;
             if refused {
                 shared.requeue(slice);
+                shared.shed_idle_callers();
                 if step_back_for(&shared, index, pause) {
                     pause = (pause * 2).min(REFUSED_PAUSE_MAX);
                 }
