@@ -2,7 +2,7 @@
 # Session 12 (2026-12-01), second device call of issue 12, nvidia-h200 (16 CPUs): staging
 # shapes for GPU memory over TCP, with each link rested before the next figure (in call 1
 # the link used before halved the lanes), each against host memory in the same process;
-# the variants. Wheel: .gpucarry-s12/site (this commit).
+# three passes over the variants. Wheel: .gpucarry-s12/site (this commit).
 #
 #   bash docs/bench/issue12-device-calls-s12b.sh
 set -uo pipefail
