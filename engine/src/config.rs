@@ -270,7 +270,7 @@ impl Default for Config {
             tcp_server_max_connections: 1024,
             tcp_server_max_connections_per_ip: 512,
             tcp_server_idle_timeout: Duration::from_secs(300),
-            tcp_staging_budget: 64 << 20,
+            tcp_staging_budget: 128 << 20,
             force_hca: false,
             hca_filter: None,
             gid_index: -1,
@@ -586,10 +586,10 @@ impl Config {
             }
             c.notify_queue_bytes = n;
         }
-        // One stager is two 1 MiB chunks: less than 2 MiB could stage nothing.
-        let staging = "MiB, 2 to 65536 (one stager is 2 MiB)";
+        // One stager is two 2 MiB chunks: less than 4 MiB could stage nothing.
+        let staging = "MiB, 4 to 65536 (one stager is 4 MiB)";
         if let Some(mb) = env.int::<usize>("MC_TCP_STAGING_BUDGET_MB", staging)? {
-            if !(2..=65536).contains(&mb) {
+            if !(4..=65536).contains(&mb) {
                 return Err(env.error("MC_TCP_STAGING_BUDGET_MB", staging));
             }
             c.tcp_staging_budget = mb << 20;
@@ -1049,7 +1049,7 @@ mod tests {
             ("MC_TCP_SERVER_MAX_CONNECTIONS", "many"),
             ("MC_TCP_SERVER_MAX_CONNECTIONS_PER_IP", "0"),
             ("MC_TCP_SERVER_IDLE_TIMEOUT", "0"),
-            ("MC_TCP_STAGING_BUDGET_MB", "1"),
+            ("MC_TCP_STAGING_BUDGET_MB", "3"),
         ];
         for (var, value) in cases {
             let err = parse(&[(var, value)]).unwrap_err();

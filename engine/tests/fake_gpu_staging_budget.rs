@@ -35,14 +35,14 @@ fn write_header(to: u64, len: u64) -> [u8; 24] {
 fn device_staging_stays_within_its_budget() {
     fake_gpu::install_fake(Vendor::Cuda);
     // The budget is per process and the last engine started sets it: start
-    // the initiator first, then the target with one stager's worth (2 MiB).
+    // the initiator first, then the target with one stager's worth (4 MiB).
     let initiator = fake_gpu::engine();
     let io_timeout = Duration::from_secs(4);
     let target = TransferEngine::new(
         "127.0.0.1",
         "P2PHANDSHAKE",
         Config {
-            tcp_staging_budget: 2 << 20,
+            tcp_staging_budget: 4 << 20,
             tcp_status_timeout: io_timeout,
             ..Config::default()
         },

@@ -37,7 +37,7 @@ fn a_streaming_connection_gives_its_stager_up_to_one_that_waits() {
         "127.0.0.1",
         "P2PHANDSHAKE",
         Config {
-            tcp_staging_budget: 2 << 20,
+            tcp_staging_budget: 4 << 20,
             tcp_status_timeout: Duration::from_millis(500),
             ..Config::default()
         },

@@ -1,8 +1,8 @@
 //! Moving bytes between a socket and device memory through pinned host
 //! buffers, with asynchronous copies overlapped with socket I/O.
 //!
-//! Pinned chunks (two by default), each with its own stream, per device and thread: while
-//! the socket fills (or drains) one chunk, the others are being copied on their streams.
+//! Two pinned 2 MiB chunks and two streams per device and thread: while the socket
+//! fills (or drains) one chunk, the other is being copied on its own stream.
 //! A chunk is reused only after its stream has been synchronised.
 
 use std::cell::RefCell;
@@ -12,50 +12,24 @@ use std::sync::Arc;
 
 use super::{DeviceError, Runtime, Stream};
 
-/// Bytes per staging chunk, unless `MC_TCP_STAGING_CHUNK_KB` says otherwise.
-pub const CHUNK: usize = 1 << 20;
+/// Bytes per staging chunk. Each copy costs the calling thread a runtime call (about
+/// 22 µs on the H200 host, more under load) and a synchronisation: 2 MiB chunks moved
+/// GPU memory over TCP 5-14% faster than 1 MiB ones there, while 4 MiB ones (a whole
+/// 4 MiB request sent only after one long copy) and a third chunk in flight moved less
+/// (docs/benchmarks.md, session 12).
+pub const CHUNK: usize = 2 << 20;
 
-/// Chunks (each with its own stream) per stager, unless `MC_TCP_STAGING_CHUNKS` says otherwise.
-pub const CHUNKS: usize = 2;
+/// Pinned bytes one [`Stager`] holds.
+pub const STAGER_BYTES: usize = 2 * CHUNK;
 
-/// How a stager is cut: `chunks` pinned buffers of `chunk` bytes, each with a stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
-    /// Bytes per buffer (one copy's size at most).
-    pub chunk: usize,
-    /// Buffers per stager: how many copies one transfer keeps in flight.
-    pub chunks: usize,
-}
-
-impl Shape {
-    /// The process's shape, read once from the environment (an experiment's knob: the
-    /// defaults are what the benchmarks chose).
-    pub fn current() -> Self {
-        static SHAPE: std::sync::OnceLock<Shape> = std::sync::OnceLock::new();
-        *SHAPE.get_or_init(|| {
-            let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-            Shape {
-                chunk: var("MC_TCP_STAGING_CHUNK_KB").map_or(CHUNK, |kb| kb.clamp(64, 16384) << 10),
-                chunks: var("MC_TCP_STAGING_CHUNKS").map_or(CHUNKS, |n| n.clamp(2, 8)),
-            }
-        })
-    }
-
-    /// Pinned bytes one stager of this shape holds.
-    pub fn bytes(self) -> usize {
-        self.chunk * self.chunks
-    }
-}
-
-/// Pinned buffers and their streams on one device.
+/// Two pinned chunks and two streams on one device.
 pub(crate) struct Stager {
     rt: Arc<Runtime>,
-    chunk: usize,
-    bufs: Vec<*mut u8>,
-    streams: Vec<Stream>,
+    bufs: [*mut u8; 2],
+    streams: [Stream; 2],
     /// A copy out of (or into) this buffer may still run: wait before reusing it.
-    pending: Vec<bool>,
-    /// The buffer the next received chunk goes to: goes round across calls, so that a
+    pending: [bool; 2],
+    /// The buffer the next received chunk goes to: alternates across calls, so that a
     /// call's first chunk never waits for the last copy of the call before.
     next: usize,
 }
@@ -67,33 +41,35 @@ unsafe impl Send for Stager {}
 
 impl Stager {
     pub(crate) fn new(rt: Arc<Runtime>, device: u32) -> Result<Self, DeviceError> {
-        let shape = Shape::current();
         rt.set_device(device)?;
-        let mut s = Self {
-            rt,
-            chunk: shape.chunk,
-            bufs: Vec::with_capacity(shape.chunks),
-            streams: Vec::with_capacity(shape.chunks),
-            pending: vec![false; shape.chunks],
-            next: 0,
-        };
-        // What was made before a failure is freed by drop.
-        for _ in 0..shape.chunks {
-            let buf = s.rt.host_alloc(shape.chunk)?;
-            s.bufs.push(buf);
-            match s.rt.stream_create() {
-                Ok(stream) => s.streams.push(stream),
-                Err(e) => {
-                    s.rt.free_host(s.bufs.pop().expect("pushed above"));
-                    return Err(e);
+        let b0 = rt.host_alloc(CHUNK)?;
+        let b1 = rt.host_alloc(CHUNK).inspect_err(|_| rt.free_host(b0))?;
+        let s0 = rt.stream_create();
+        let s1 = rt.stream_create();
+        match (s0, s1) {
+            (Ok(s0), Ok(s1)) => Ok(Self {
+                rt,
+                bufs: [b0, b1],
+                streams: [s0, s1],
+                pending: [false; 2],
+                next: 0,
+            }),
+            (s0, s1) => {
+                for s in [&s0, &s1].into_iter().flatten() {
+                    rt.stream_destroy(*s);
+                }
+                rt.free_host(b0);
+                rt.free_host(b1);
+                match (s0, s1) {
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                    (Ok(_), Ok(_)) => unreachable!("handled by the first arm"),
                 }
             }
         }
-        Ok(s)
     }
 
     /// Reads `len` bytes from `src` into device memory at `dst`. The copies of the last
-    /// chunks may still be running on return: [`settle`](Self::settle) before anyone is
+    /// chunk may still be running on return: [`settle`](Self::settle) before anyone is
     /// told the bytes landed. Copies left running by earlier calls land while this call's
     /// first chunk comes off the socket; `earlier_landed` runs once they have (before this
     /// call's bytes are all read), so their statuses or completions go out without a wait
@@ -111,11 +87,11 @@ impl Stager {
         }
         let mut off = 0;
         while off < len {
-            let n = self.chunk.min(len - off);
+            let n = CHUNK.min(len - off);
             let b = self.next;
-            self.next = (b + 1) % self.bufs.len();
+            self.next ^= 1;
             self.wait(b)?;
-            // SAFETY: bufs[b] is a chunk-sized pinned buffer not in use by any copy.
+            // SAFETY: bufs[b] is a CHUNK-byte pinned buffer not in use by any copy.
             let chunk = unsafe { std::slice::from_raw_parts_mut(self.bufs[b], n) };
             src.read_exact(chunk)?;
             // SAFETY: dst+off..+n lies in the caller's device range; the
@@ -131,8 +107,8 @@ impl Stager {
             .map_err(io::Error::other)?;
             self.pending[b] = true;
             if let Some(f) = earlier_landed.take() {
-                // The other buffers hold the last chunks of the calls before, if any.
-                self.settle_except(b)?;
+                // The other buffer holds the last chunk of the call before, if any.
+                self.wait(b ^ 1)?;
                 f()?;
             }
             off += n;
@@ -142,18 +118,8 @@ impl Stager {
 
     /// Waits for every copy still running: the bytes received so far have landed.
     pub(crate) fn settle(&mut self) -> io::Result<()> {
-        self.settle_except(usize::MAX)
-    }
-
-    /// Waits for the copies of every buffer but `keep`; the first error is returned, every
-    /// buffer waited for regardless.
-    fn settle_except(&mut self, keep: usize) -> io::Result<()> {
-        let mut result = Ok(());
-        for b in (0..self.bufs.len()).filter(|&b| b != keep) {
-            let waited = self.wait(b);
-            result = result.and(waited);
-        }
-        result
+        let first = self.wait(0);
+        first.and(self.wait(1))
     }
 
     /// Waits for the copy out of buffer `b`, if one runs.
@@ -175,21 +141,21 @@ impl Stager {
         len: usize,
     ) -> io::Result<()> {
         self.settle()?;
-        let depth = self.bufs.len();
-        let pieces = self.pieces(len);
+        let chunks = len.div_ceil(CHUNK);
+        let size = |k: usize| CHUNK.min(len - k * CHUNK);
         let result = (|| {
-            for (k, &(off, n)) in pieces.iter().enumerate().take(depth) {
-                self.issue_out(k, src + off as u64, n)?;
+            for k in 0..chunks.min(2) {
+                self.issue_out(k, src, size(k))?;
             }
             dst.write_all(prefix)?;
-            for (k, &(_, n)) in pieces.iter().enumerate() {
-                let b = k % depth;
+            for k in 0..chunks {
+                let b = k % 2;
                 self.wait(b)?;
                 // SAFETY: the copy into bufs[b] has completed (stream synchronised).
-                let out = unsafe { std::slice::from_raw_parts(self.bufs[b], n) };
-                dst.write_all(out)?;
-                if let Some(&(off, n)) = pieces.get(k + depth) {
-                    self.issue_out(k + depth, src + off as u64, n)?;
+                let chunk = unsafe { std::slice::from_raw_parts(self.bufs[b], size(k)) };
+                dst.write_all(chunk)?;
+                if k + 2 < chunks {
+                    self.issue_out(k + 2, src, size(k + 2))?;
                 }
             }
             Ok(())
@@ -200,32 +166,16 @@ impl Stager {
         result.and(settled)
     }
 
-    /// The (offset, length) of each copy out of `len` bytes: with a ramp, the first are
-    /// small, so the first bytes go out after a short copy rather than a whole chunk's.
-    fn pieces(&self, len: usize) -> Vec<(usize, usize)> {
-        let mut out = Vec::with_capacity(len.div_ceil(self.chunk) + 4);
-        let mut size = if ramp() {
-            (self.chunk / 8).max(4096)
-        } else {
-            self.chunk
-        };
-        let mut off = 0;
-        while off < len {
-            let n = size.min(len - off);
-            out.push((off, n));
-            off += n;
-            size = (size * 2).min(self.chunk);
-        }
-        out
-    }
-
     fn issue_out(&mut self, k: usize, src: u64, n: usize) -> io::Result<()> {
-        let b = k % self.bufs.len();
-        // SAFETY: src..+n lies in the caller's device range; bufs[b] is free and holds
-        // a chunk, at least n bytes.
+        let b = k % 2;
+        // SAFETY: src+k*CHUNK..+n lies in the caller's device range; bufs[b] is free.
         unsafe {
-            self.rt
-                .copy_async(self.bufs[b], src as *const u8, n, self.streams[b])
+            self.rt.copy_async(
+                self.bufs[b],
+                (src + (k * CHUNK) as u64) as *const u8,
+                n,
+                self.streams[b],
+            )
         }
         .map_err(io::Error::other)?;
         self.pending[b] = true;
@@ -233,19 +183,12 @@ impl Stager {
     }
 }
 
-fn ramp() -> bool {
-    static RAMP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *RAMP.get_or_init(|| std::env::var("MC_TCP_STAGING_RAMP").is_ok_and(|v| v == "1"))
-}
-
 impl Drop for Stager {
     fn drop(&mut self) {
         let _ = self.settle();
-        for &s in &self.streams {
-            self.rt.stream_destroy(s);
-        }
-        for &b in &self.bufs {
-            self.rt.free_host(b);
+        for b in 0..2 {
+            self.rt.stream_destroy(self.streams[b]);
+            self.rt.free_host(self.bufs[b]);
         }
     }
 }

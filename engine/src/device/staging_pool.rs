@@ -1,7 +1,7 @@
 //! Pinned staging for the data server, within a fixed process-wide budget.
 //!
 //! Every data-server thread that touches device memory needs a [`Stager`]
-//! (2 MiB of pinned host memory and two streams by default). Kept per thread, any number
+//! (4 MiB of pinned host memory and two streams). Kept per thread, any number
 //! of peer connections pins any amount of host memory. Here the server checks
 //! a stager out of one pool for the length of one request (or of a run of
 //! pipelined writes into one device, while their copies land: see the TCP
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::staging::{Shape, Stager};
+use super::staging::{Stager, STAGER_BYTES};
 use crate::config::Config;
 use crate::log_throttle::LogThrottle;
 
@@ -67,7 +67,7 @@ fn pool() -> &'static Pool {
 }
 
 fn stagers_in(budget: usize) -> usize {
-    (budget / Shape::current().bytes()).max(1)
+    (budget / STAGER_BYTES).max(1)
 }
 
 /// Sets the process-wide budget (`MC_TCP_STAGING_BUDGET_MB`) and the wait
@@ -190,7 +190,7 @@ pub(crate) fn checkout(device: u32) -> io::Result<Lease> {
         if let Some(left_out) = p.exhausted_log.allow() {
             tracing::warn!(
                 "all {max} staging buffers ({} MiB, MC_TCP_STAGING_BUDGET_MB) are busy; a request for device {device} waits up to {wait:?}; {left_out} such lines left out",
-                (max * Shape::current().bytes()) >> 20
+                (max * STAGER_BYTES) >> 20
             );
         }
         p.waiting.fetch_add(1, Ordering::SeqCst);
@@ -201,7 +201,7 @@ pub(crate) fn checkout(device: u32) -> io::Result<Lease> {
                 io::ErrorKind::TimedOut,
                 format!(
                     "no staging buffer became free within {wait:?}: all {max} ({} MiB, MC_TCP_STAGING_BUDGET_MB) stayed busy",
-                    (max * Shape::current().bytes()) >> 20
+                    (max * STAGER_BYTES) >> 20
                 ),
             ));
         }
