@@ -14,9 +14,8 @@ use super::{DeviceError, Runtime, Stream};
 
 /// Bytes per staging chunk. Each copy costs the calling thread a runtime call (about
 /// 22 µs on the H200 host, more under load) and a synchronisation: 2 MiB chunks moved
-/// GPU memory over TCP 5-14% faster than 1 MiB ones there, while 4 MiB ones (a whole
-/// 4 MiB request sent only after one long copy) and a third chunk in flight moved less
-/// (docs/benchmarks.md, session 12).
+/// GPU memory to GPU memory over TCP 2-15% faster than 1 MiB ones there, while 4 MiB
+/// ones and a third chunk in flight moved less (docs/benchmarks.md, session 12).
 pub const CHUNK: usize = 2 << 20;
 
 /// Pinned bytes one [`Stager`] holds.
