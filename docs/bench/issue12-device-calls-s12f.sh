@@ -2,7 +2,7 @@
 # Session 12 (2026-12-01), sixth device call of issue 12, nvidia-h200 (16 CPUs): staging
 # receives whose large reads land on whole cache lines (`align`: after the bytes a reply
 # brings through the read-ahead buffer, one short read up to the next line) against the
-# final build without it (`site`), issue12-s12-shapes.py, 1.5 s per figure, alternating,
+# final build without it (`site`), issue12-s12-shapes.py, 1.2 s per figure, alternating,
 # 2 more passes, align first (call 5 ran site first).
 #
 #   bash docs/bench/issue12-device-calls-s12f.sh
