@@ -92,7 +92,7 @@ impl Stager {
             self.wait(b)?;
             // SAFETY: bufs[b] is a CHUNK-byte pinned buffer not in use by any copy.
             let chunk = unsafe { std::slice::from_raw_parts_mut(self.bufs[b], n) };
-            fill_aligned(src, chunk)?;
+            src.read_exact(chunk)?;
             // SAFETY: dst+off..+n lies in the caller's device range; the
             // chunk stays untouched until this stream is synchronised.
             unsafe {
@@ -190,38 +190,6 @@ impl Drop for Stager {
             self.rt.free_host(self.bufs[b]);
         }
     }
-}
-
-const CACHE_LINE: usize = 64;
-
-/// Fills `buf` from `src`. When the bytes read so far leave the rest starting off a cache
-/// line (a reply's first bytes come from the connection's read-ahead buffer, 8 to 512 of
-/// them), one read takes only the bytes up to the next line, so that the large reads after
-/// it land on whole lines: the kernel copies into such memory faster, as the host-memory
-/// path found (`ReadAhead::recv_span`).
-fn fill_aligned(src: &mut impl Read, buf: &mut [u8]) -> io::Result<()> {
-    let mut filled = 0;
-    let mut realigned = false;
-    while filled < buf.len() {
-        let rest = buf.len() - filled;
-        let skew = (buf.as_ptr() as usize + filled) % CACHE_LINE;
-        let want = if skew != 0 && !realigned && rest >= 64 << 10 {
-            realigned = true;
-            CACHE_LINE - skew
-        } else {
-            rest
-        };
-        let Some(into) = buf.get_mut(filled..filled + want) else {
-            break;
-        };
-        match src.read(into) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 thread_local! {
