@@ -1,7 +1,11 @@
-//! A thread that closes what went idle (connections to peers that left), once a second.
+//! A thread that closes what went idle (connections to peers that left), once a second,
+//! and, every [`REST_TICK`], lets peers without work give back their share of what the
+//! engine's transports share out among peers (TCP's lane budget).
 
 use std::sync::Weak;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crate::transport::REST_TICK;
 
 use super::error::EngineError;
 use super::Inner;
@@ -13,19 +17,27 @@ pub(super) struct Housekeeping {
 }
 
 impl Housekeeping {
-    const PERIOD: Duration = Duration::from_secs(1);
+    const EVICT_EVERY: Duration = Duration::from_secs(1);
 
     pub(super) fn start(inner: Weak<Inner>) -> Result<Self, EngineError> {
         let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
         let thread = std::thread::Builder::new()
             .name("te-housekeeping".into())
             .spawn(move || {
+                let mut evicted = Instant::now();
                 while let Err(crossbeam_channel::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(Self::PERIOD)
+                    stopped.recv_timeout(REST_TICK)
                 {
                     let Some(inner) = inner.upgrade() else { return };
+                    let evict = evicted.elapsed() >= Self::EVICT_EVERY;
+                    if evict {
+                        evicted = Instant::now();
+                    }
                     for t in &inner.transports {
-                        t.evict_idle();
+                        t.rest_idle();
+                        if evict {
+                            t.evict_idle();
+                        }
                     }
                 }
             })

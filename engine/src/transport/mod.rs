@@ -284,6 +284,9 @@ pub fn memlock() -> select::Memlock {
     }
 }
 
+/// How often the engine's housekeeping calls [`Transport::rest_idle`].
+pub const REST_TICK: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// A transport behind the engine.
 pub trait Transport: Send + Sync {
     /// The protocol name peers advertise (`tcp`, `rdma`, ...).
@@ -343,7 +346,12 @@ pub trait Transport: Send + Sync {
     ) -> Result<(), TransportError>;
 
     /// Drops per-peer state (connections, threads) that went idle or whose peer is gone.
+    /// Called about once a second.
     fn evict_idle(&self) {}
+
+    /// Gives back what peers without work for a moment hold of a shared allowance (TCP's
+    /// lane budget). Called every [`REST_TICK`].
+    fn rest_idle(&self) {}
 
     /// What this transport counts about its connections (connects, reconnects, re-sent
     /// slices); zeros for a transport that counts none.

@@ -12,7 +12,12 @@
 //! after `MC_TCP_LINK_IDLE_SEC`) do not take lanes from those with work. Counting every
 //! open link, a process that had talked to two peers before moved 4 MiB batches to a third
 //! with 5 of its 8 lanes, at 0.81 of the speed of the first (tests/gpu/gpu_transfer.py on
-//! the 16-core host).
+//! the 16-core host). The rest comes within a tenth of a second: a decode process that
+//! pulls one request's KV cache from one prefill peer, then the next from another, has
+//! one link with work at a time. With a rest after a second (as first built), every peer
+//! it had pulled from in the last second or two kept its share, and a burst to one of
+//! four such peers ran on a quarter of the lanes (the H200 host moved 16-26 GB/s instead
+//! of 28-35 in session 12's harness, which switched peers every second).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,8 +25,11 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-/// How long a link without work keeps its place in the share.
-pub const REST_AFTER: Duration = Duration::from_secs(1);
+/// How long a link without work keeps its place in the share. Short, so that work that
+/// moves from peer to peer gets the whole budget; not nil, so that a caller's
+/// back-to-back batches do not take its link in and out of the share (each change wakes
+/// every parked lane of the engine).
+pub const REST_AFTER: Duration = Duration::from_millis(50);
 
 /// Lanes of one engine, shared by its links to peers.
 pub struct LaneBudget {

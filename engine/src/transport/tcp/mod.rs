@@ -209,6 +209,12 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
+    fn rest_idle(&self) {
+        for link in self.links.lock().values() {
+            link.rest_if_idle(budget::REST_AFTER);
+        }
+    }
+
     fn evict_idle(&self) {
         let idle = self.config.tcp_link_idle_timeout;
         let evicted: Vec<Arc<PeerLink>> = {
@@ -218,11 +224,7 @@ impl Transport for TcpTransport {
                 .filter(|(_, l)| l.evictable(idle))
                 .map(|(k, _)| *k)
                 .collect();
-            let evicted = gone.iter().filter_map(|k| links.remove(k)).collect();
-            for link in links.values() {
-                link.rest_if_idle(budget::REST_AFTER);
-            }
-            evicted
+            gone.iter().filter_map(|k| links.remove(k)).collect()
         };
         // Joined outside the lock: a lane may take a moment to notice.
         for link in evicted {
