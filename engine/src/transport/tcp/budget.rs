@@ -67,11 +67,12 @@ impl LaneBudget {
 
     fn count(&self, delta: isize) {
         if delta > 0 {
+            // The share can only shrink: no parked lane may run, none is woken.
             self.links.fetch_add(1, Ordering::AcqRel);
         } else {
             self.links.fetch_sub(1, Ordering::AcqRel);
+            self.wake_all();
         }
-        self.wake_all();
     }
 
     /// Lanes each link may use now.
