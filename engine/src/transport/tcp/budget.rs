@@ -27,7 +27,7 @@ use parking_lot::{Condvar, Mutex};
 
 /// How long a link without work keeps its place in the share. Short, so that work that
 /// moves from peer to peer gets the whole budget; not nil, so that a caller's
-/// back-to-back batches do not take its link in and out of the share (each change wakes
+/// back-to-back batches do not take its link in and out of the share (each rest wakes
 /// every parked lane of the engine).
 pub const REST_AFTER: Duration = Duration::from_millis(50);
 
