@@ -505,10 +505,9 @@ impl LinkShared {
     fn shed_idle_callers(&self) {
         self.pause_callers();
         let idle = std::mem::take(&mut *self.callers.lock());
-        for c in idle {
-            drop(c);
-            self.caller_conns.fetch_sub(1, Ordering::AcqRel);
-        }
+        let closed = idle.len();
+        drop(idle);
+        self.caller_conns.fetch_sub(closed, Ordering::AcqRel);
     }
 
     /// Sends a slice of a connection the peer refused (see [`refused_by_peer`]) back to the
