@@ -31,6 +31,8 @@ pub(crate) struct Stager {
     /// The buffer the next received chunk goes to: alternates across calls, so that a
     /// call's first chunk never waits for the last copy of the call before.
     next: usize,
+    /// The first chunk of the range sent next, copied out by the last send.
+    copied: Option<Copied>,
 }
 
 // SAFETY: the pinned buffers and streams are process-wide runtime handles,
@@ -52,6 +54,7 @@ impl Stager {
                 streams: [s0, s1],
                 pending: [false; 2],
                 next: 0,
+                copied: None,
             }),
             (s0, s1) => {
                 for s in [&s0, &s1].into_iter().flatten() {
@@ -81,6 +84,8 @@ impl Stager {
         earlier_landed: impl FnOnce() -> io::Result<()>,
     ) -> io::Result<()> {
         let mut earlier_landed = Some(earlier_landed);
+        // The buffers are about to be overwritten.
+        self.copied = None;
         if len == 0 {
             self.settle()?;
         }
@@ -132,54 +137,95 @@ impl Stager {
             .map_err(io::Error::other)
     }
 
+    /// Writes `prefix`, then `len` bytes of device memory at `src`, to `dst`. With
+    /// `ahead.copied`, the first chunk was copied out by the send before (its
+    /// `ahead.next`); with `ahead.next`, the first chunk of that range is copied out while
+    /// this one's last chunk is sent. Every copy has landed on return, failed or not: none
+    /// reads device memory after this returns.
     pub(crate) fn send_from(
         &mut self,
         dst: &mut impl Write,
         prefix: &[u8],
         src: u64,
         len: usize,
+        ahead: Ahead,
     ) -> io::Result<()> {
-        self.settle()?;
         let chunks = len.div_ceil(CHUNK);
         let size = |k: usize| CHUNK.min(len - k * CHUNK);
+        let copied = self
+            .copied
+            .take()
+            .filter(|c| ahead.copied && chunks > 0 && c.src == src && c.len == size(0));
+        self.settle()?;
+        let first = copied.map_or(0, |c| c.buf);
+        let buf = |k: usize| (first + k) % 2;
+        let mut next_copied = None;
         let result = (|| {
-            for k in 0..chunks.min(2) {
-                self.issue_out(k, src, size(k))?;
+            if chunks > 0 && copied.is_none() {
+                self.issue_out(buf(0), src, size(0))?;
             }
             dst.write_all(prefix)?;
             for k in 0..chunks {
-                let b = k % 2;
+                let b = buf(k);
                 self.wait(b)?;
+                // One copy at a time: two issued together share the copy engine and the
+                // first lands later, while one copy takes a fraction of a chunk's send.
+                if k + 1 < chunks {
+                    self.issue_out(b ^ 1, src + ((k + 1) * CHUNK) as u64, size(k + 1))?;
+                } else if let Some((next, next_len)) = ahead.next.filter(|&(_, l)| l > 0) {
+                    let n = CHUNK.min(next_len);
+                    self.issue_out(b ^ 1, next, n)?;
+                    next_copied = Some(Copied {
+                        src: next,
+                        len: n,
+                        buf: b ^ 1,
+                    });
+                }
                 // SAFETY: the copy into bufs[b] has completed (stream synchronised).
                 let chunk = unsafe { std::slice::from_raw_parts(self.bufs[b], size(k)) };
                 dst.write_all(chunk)?;
-                if k + 2 < chunks {
-                    self.issue_out(k + 2, src, size(k + 2))?;
-                }
             }
             Ok(())
         })();
-        // Copies still running write into the buffers, not the caller's memory: settled
-        // so that the buffers can be reused or freed.
+        // Copies still running read the caller's memory (the next range's first chunk)
+        // or fill buffers about to be reused or freed: settled, whatever happened.
         let settled = self.settle();
-        result.and(settled)
+        let result = result.and(settled);
+        if result.is_ok() {
+            self.copied = next_copied;
+        }
+        result
     }
 
-    fn issue_out(&mut self, k: usize, src: u64, n: usize) -> io::Result<()> {
-        let b = k % 2;
-        // SAFETY: src+k*CHUNK..+n lies in the caller's device range; bufs[b] is free.
+    /// Copies `n` bytes of device memory at `src` into buffer `b`, which is free.
+    fn issue_out(&mut self, b: usize, src: u64, n: usize) -> io::Result<()> {
+        // SAFETY: src..+n lies in the caller's device range; bufs[b] is free.
         unsafe {
-            self.rt.copy_async(
-                self.bufs[b],
-                (src + (k * CHUNK) as u64) as *const u8,
-                n,
-                self.streams[b],
-            )
+            self.rt
+                .copy_async(self.bufs[b], src as *const u8, n, self.streams[b])
         }
         .map_err(io::Error::other)?;
         self.pending[b] = true;
         Ok(())
     }
+}
+
+/// What a send copies ahead across requests (see [`Stager::send_from`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ahead {
+    /// The range's first chunk was copied out by the send before, as its `next`.
+    pub copied: bool,
+    /// Device memory (address, length) sent next from this thread: its first chunk is
+    /// copied out while this send's last chunk goes.
+    pub next: Option<(u64, usize)>,
+}
+
+/// A first chunk copied out ahead of its send, into buffer `buf`.
+#[derive(Debug, Clone, Copy)]
+struct Copied {
+    src: u64,
+    len: usize,
+    buf: usize,
 }
 
 impl Drop for Stager {
@@ -238,13 +284,15 @@ pub fn settle(device: u32) -> io::Result<()> {
     with_stager(device, Stager::settle)
 }
 
-/// Writes `prefix`, then `len` bytes of device memory at `src` on `device`, to `dst`.
+/// Writes `prefix`, then `len` bytes of device memory at `src` on `device`, to `dst`,
+/// copying ahead across sends of this thread as `ahead` says.
 pub fn send_from(
     device: u32,
     dst: &mut impl Write,
     prefix: &[u8],
     src: u64,
     len: usize,
+    ahead: Ahead,
 ) -> io::Result<()> {
-    with_stager(device, |s| s.send_from(dst, prefix, src, len))
+    with_stager(device, |s| s.send_from(dst, prefix, src, len, ahead))
 }

@@ -222,5 +222,7 @@ pub fn send_from(
     src: u64,
     len: usize,
 ) -> io::Result<()> {
-    with_lease(device, |s| s.send_from(dst, prefix, src, len))
+    with_lease(device, |s| {
+        s.send_from(dst, prefix, src, len, super::staging::Ahead::default())
+    })
 }

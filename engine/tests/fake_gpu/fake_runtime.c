@@ -387,6 +387,16 @@ void fake_gpu_stats(uint64_t out[3]) {
     out[2] = __atomic_load_n(&host_allocs, __ATOMIC_RELAXED);
 }
 
+/* Copies enqueued and not yet run, on every stream. */
+void fake_gpu_queued(uint64_t out[1]) {
+    uint64_t n = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_STREAMS; i++)
+        for (pending_t *p = queued[i]; p; p = p->next) n++;
+    pthread_mutex_unlock(&lock);
+    out[0] = n;
+}
+
 /* ---- virtual-memory API ---- */
 typedef struct { int fd; size_t size; } vmm_handle_t;
 static uint64_t vmm_exports, vmm_maps, vmm_unmaps;

@@ -61,6 +61,12 @@ pub fn stats() -> [u64; 3] {
     hook(b"fake_gpu_stats")
 }
 
+/// Copies enqueued on some stream and not yet run (none runs before its stream is
+/// synchronised).
+pub fn queued() -> u64 {
+    hook::<1>(b"fake_gpu_queued")[0]
+}
+
 /// (`MemcpyBatchAsync` calls, copies made by them) counted by the fake.
 pub fn batch_stats() -> [u64; 2] {
     hook(b"fake_gpu_batch_stats")

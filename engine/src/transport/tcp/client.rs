@@ -41,6 +41,7 @@ use super::budget::{LaneBudget, Membership};
 use super::cut_reader::CutStream;
 use super::read_ahead::ReadAhead;
 use crate::config::Config;
+use crate::device::staging::Ahead;
 use crate::error::TransferError;
 use crate::log_throttle::LogThrottle;
 use crate::memory::{Abort, MemSpan, SocketCut};
@@ -626,15 +627,19 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
         let Some(held) = c.take(slice, &shared) else {
             continue;
         };
-        if held.slice().local_device.is_some() || rx.is_empty() {
-            lone = c.send(held, &shared, rx.is_empty());
+        if held.slice().local_device.is_some() {
+            lone = c.send_device_run(held, &rx, &shared, index);
+            continue;
+        }
+        if rx.is_empty() {
+            lone = c.send(held, &shared, true, Ahead::default());
             continue;
         }
         group.push(held);
         let stop = c.gather(&mut group, &rx, &shared);
         if group.len() == 1 {
             if let Some(held) = group.pop() {
-                lone = c.send(held, &shared, rx.is_empty());
+                lone = c.send(held, &shared, rx.is_empty(), Ahead::default());
             }
         } else {
             c.send_group(&mut group, &shared);
@@ -922,6 +927,75 @@ impl Conn {
         false
     }
 
+    /// Sends `held` (device memory) and the device-memory writes queued right behind it,
+    /// one after another, each one's first chunk copied out of the device while the one
+    /// before is sent: otherwise each request's send starts with a wait for that copy.
+    /// True if the last was a lone small request whose reply was read here.
+    fn send_device_run(
+        &mut self,
+        mut held: Held,
+        rx: &Receiver<LaneMsg>,
+        shared: &LinkShared,
+        index: usize,
+    ) -> bool {
+        let mut copied = false;
+        loop {
+            let next = self.next_device_write(&held, rx, shared, index);
+            let ahead = Ahead {
+                copied,
+                next: next
+                    .as_ref()
+                    .map(|n| (n.slice().local, n.slice().len as usize)),
+            };
+            let lone = self.send(held, shared, rx.is_empty() && next.is_none(), ahead);
+            let Some(next) = next else { return lone };
+            if self.is_broken() {
+                // Never sent: back to the queue, its one re-send kept.
+                shared.step_back(next);
+                return false;
+            }
+            held = next;
+            copied = true;
+        }
+    }
+
+    /// Takes the next queued slice if it is a write out of the same device as `held`'s
+    /// (itself a write), for [`send_device_run`](Self::send_device_run); anything else
+    /// taken off the queue goes back to it.
+    fn next_device_write(
+        &mut self,
+        held: &Held,
+        rx: &Receiver<LaneMsg>,
+        shared: &LinkShared,
+        index: usize,
+    ) -> Option<Held> {
+        let s = held.slice();
+        if s.op != OpCode::Write
+            || index >= shared.lanes.budget().share()
+            || shared.stopping.load(Ordering::Acquire)
+        {
+            return None;
+        }
+        let slice = match rx.try_recv() {
+            Ok(LaneMsg::Work(slice)) => slice,
+            Ok(LaneMsg::Stop) => {
+                // For whichever lane looks next; this one stops on its own later.
+                let _ = shared.tx.send(LaneMsg::Stop);
+                return None;
+            }
+            Err(_) => return None,
+        };
+        if slice.op != OpCode::Write || slice.local_device != s.local_device {
+            shared.requeue(slice);
+            return None;
+        }
+        if slice.batch.is_canceled() {
+            shared.fail_canceled(slice);
+            return None;
+        }
+        self.take(slice, shared)
+    }
+
     /// Sends the requests of `group` in one go and hands them to the receiver.
     fn send_group(&mut self, group: &mut Vec<Held>, shared: &LinkShared) {
         if self.write_group(group, shared) {
@@ -995,8 +1069,9 @@ impl Conn {
         true
     }
 
-    /// Sends `held`; true if it was a lone small request whose reply was read here.
-    fn send(&mut self, held: Held, shared: &LinkShared, queue_empty: bool) -> bool {
+    /// Sends `held` (device-memory writes copying ahead as `ahead` says); true if it was a
+    /// lone small request whose reply was read here.
+    fn send(&mut self, held: Held, shared: &LinkShared, queue_empty: bool, ahead: Ahead) -> bool {
         let s = held.slice();
         let header = header_of(s, shared.v2);
         let sent = match (s.op, s.local_device) {
@@ -1009,6 +1084,7 @@ impl Conn {
                 &header,
                 s.local,
                 s.len as usize,
+                ahead,
             ),
             _ => self.send_host(&held, &header),
         };

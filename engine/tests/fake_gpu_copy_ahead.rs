@@ -1,0 +1,179 @@
+//! Writes out of device memory queued back to back on one lane: each one's first staging
+//! chunk is copied out of the device while the one before is sent. The FAKE runtime
+//! (fake_gpu/fake_runtime.c) makes copies only when their stream is synchronised, and
+//! here slowly: a chunk sent before its copy ran, or another request's chunk sent in its
+//! place, shows in the target's bytes; a copy still queued after a call returns would
+//! read the caller's memory after the caller got it back.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration test: a failed unwrap is a failed test"
+)]
+mod fake_gpu;
+use fake_gpu::{device_buffer, device_bytes, engine, install_fake, pattern, queued, stats};
+use transfer_engine::device::staging::CHUNK;
+use transfer_engine::device::Vendor;
+use transfer_engine::{HostBuffer, OpCode, Request, TransferEngine};
+
+/// The slow-copy fake and an initiator with one lane (and no caller connections), so
+/// that every request queues on one connection.
+fn one_lane_initiator() -> TransferEngine {
+    install_fake(Vendor::Cuda);
+    // SAFETY (edition 2021: set_var is safe): read by the fake at each synchronisation,
+    // before any engine thread of this binary starts.
+    std::env::set_var("FAKE_COPY_DELAY_US", "300");
+    let mut config = transfer_engine::Config::from_env().unwrap();
+    config.tcp_lanes_per_peer = 1;
+    config.tcp_caller_conns = 0;
+    TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap()
+}
+
+/// Writes of many sizes (below a chunk, whole chunks, ragged tails) out of device memory,
+/// with a write out of host memory and a read into device memory between them, in
+/// batches submitted back to back. Every byte lands where it belongs, and no chunk is
+/// copied out of the device twice: a chunk copied ahead is the one sent.
+#[test]
+fn back_to_back_device_writes_send_their_own_bytes_each_chunk_copied_once() {
+    let initiator = one_lane_initiator();
+    let target = engine();
+    let sizes = [
+        2 * CHUNK + 17,
+        1,
+        CHUNK,
+        4096,
+        CHUNK - 1,
+        3 * CHUNK,
+        777,
+        CHUNK + 1,
+        65536,
+    ];
+    let total: usize = sizes.iter().sum();
+    let data = pattern(total, 41);
+    let src = device_buffer(0, &data);
+    initiator.register_memory(src, total as u64, "*").unwrap();
+    let dst = HostBuffer::new(total);
+    target
+        .register_memory(dst.addr(), total as u64, "*")
+        .unwrap();
+    // A read into device memory, and a write out of host memory, between the writes.
+    let read_len = CHUNK + 3;
+    let read_into = device_buffer(0, &vec![0u8; read_len]);
+    initiator
+        .register_memory(read_into, read_len as u64, "*")
+        .unwrap();
+    let host_src = pattern(4096, 42);
+    initiator
+        .register_memory(host_src.as_ptr() as u64, 4096, "*")
+        .unwrap();
+    let host_dst = HostBuffer::new(4096);
+    target.register_memory(host_dst.addr(), 4096, "*").unwrap();
+    let seg = target.session_id().to_string();
+
+    let mut writes = Vec::new();
+    let mut at = 0;
+    for &len in &sizes {
+        writes.push(Request {
+            op: OpCode::Write,
+            local: src + at as u64,
+            remote: dst.addr() + at as u64,
+            len: len as u64,
+        });
+        at += len;
+    }
+    let (first, rest) = writes.split_at(4);
+    let mut batch_one = first.to_vec();
+    batch_one.insert(
+        2,
+        Request {
+            op: OpCode::Read,
+            local: read_into,
+            remote: dst.addr(),
+            len: read_len as u64,
+        },
+    );
+    let mut batch_two = rest.to_vec();
+    batch_two.insert(
+        1,
+        Request {
+            op: OpCode::Write,
+            local: host_src.as_ptr() as u64,
+            remote: host_dst.addr(),
+            len: 4096,
+        },
+    );
+    // The read may come before or after the writes into the bytes it reads: it is
+    // checked against the bytes it found, below.
+    let before = stats();
+    // SAFETY: every local buffer is test-owned and outlives both batches (both waited for).
+    let one = unsafe { initiator.submit(&seg, &batch_one) }.unwrap();
+    // SAFETY: as above.
+    let two = unsafe { initiator.submit(&seg, &batch_two) }.unwrap();
+    one.wait().unwrap();
+    two.wait().unwrap();
+    let after = stats();
+
+    let landed = dst.to_vec();
+    let wrong = landed.iter().zip(&data).position(|(a, b)| a != b);
+    assert_eq!(
+        wrong, None,
+        "byte {wrong:?} of the device writes landed wrong"
+    );
+    assert_eq!(host_dst.to_vec(), host_src, "the host write landed wrong");
+    let read = device_bytes(read_into, read_len);
+    assert!(
+        read.iter().all(|&b| b == 0) || read == data[..read_len],
+        "the read into device memory returned neither the bytes before nor after the writes"
+    );
+    let chunks: usize =
+        sizes.iter().map(|l| l.div_ceil(CHUNK)).sum::<usize>() + read_len.div_ceil(CHUNK);
+    assert_eq!(
+        (after[1] - before[1]) as usize,
+        chunks,
+        "async copies: one per staging chunk of the device writes and of the read"
+    );
+    assert_eq!(
+        queued(),
+        0,
+        "copies still queued after both batches were done"
+    );
+}
+
+/// Many device writes on one lane to a target that goes away partway: the batch fails,
+/// and once the call has returned no copy out of the caller's device memory is still
+/// queued (a first chunk copied ahead for a request never sent included).
+#[test]
+fn no_copy_out_of_device_memory_outlives_a_failed_batch() {
+    let initiator = one_lane_initiator();
+    let target = engine();
+    const N: usize = 64;
+    let len = N * CHUNK;
+    let src = device_buffer(0, &pattern(len, 43));
+    initiator.register_memory(src, len as u64, "*").unwrap();
+    let dst = HostBuffer::new(len);
+    target.register_memory(dst.addr(), len as u64, "*").unwrap();
+    let seg = target.session_id().to_string();
+    let writes: Vec<Request> = (0..N)
+        .map(|i| Request {
+            op: OpCode::Write,
+            local: src + (i * CHUNK) as u64,
+            remote: dst.addr() + (i * CHUNK) as u64,
+            len: CHUNK as u64,
+        })
+        .collect();
+    // SAFETY: `src` is test-owned and outlives the batch (waited for below).
+    let batch = unsafe { initiator.submit(&seg, &writes) }.unwrap();
+    // 64 chunks at 0.3 ms a copy and more: the target goes while most are queued.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    drop(target);
+    let result = batch.wait();
+    assert!(
+        result.is_err(),
+        "a batch whose target went away partway reported success"
+    );
+    assert_eq!(
+        queued(),
+        0,
+        "a copy out of the caller's device memory is still queued after the call returned"
+    );
+}
