@@ -11,7 +11,7 @@
 mod fake_gpu;
 use fake_gpu::{device_buffer, device_bytes, engine, install_fake, pattern};
 use transfer_engine::device::Vendor;
-use transfer_engine::{OpCode, Request};
+use transfer_engine::{HostBuffer, OpCode, Request};
 
 #[test]
 fn pipelined_writes_into_device_memory_are_done_only_once_landed() {
@@ -225,4 +225,79 @@ fn held_statuses_go_out_before_a_device_write_waits_for_its_payload() {
     assert!(matches!(Status::decode(&last), Ok(Status::Ok)));
     assert!(device_bytes(dev, 8192) == payload, "wrong bytes landed");
     assert!(host.to_vec()[..8192] == [[1u8; 4096], [2u8; 4096]].concat());
+}
+
+/// Reads into device memory that the target rejects (addresses it never registered), two
+/// at a time on one lane, then a read it accepts: the rejected ones are answered with an
+/// error and leave nothing owed on the connection, so the lane goes on to the next batch
+/// (it used to count them owed for ever, and wait for them before sending more).
+#[test]
+fn rejected_reads_into_device_memory_leave_the_lane_free() {
+    let (initiator, target) = one_lane_pair();
+    const ONE: usize = 1 << 20;
+    let data = pattern(ONE, 55);
+    target
+        .register_memory(data.as_ptr() as u64, ONE as u64, "*")
+        .unwrap();
+    let seg = target.session_id().to_string();
+    let dst = device_buffer(0, &vec![0u8; 2 * ONE]);
+    initiator
+        .register_memory(dst, (2 * ONE) as u64, "*")
+        .unwrap();
+    // Registered when the initiator first looks the target up, then unregistered: the
+    // initiator's copy of the target's buffers still lists it, so the reads go out and
+    // the target's data server rejects them.
+    let unregistered = HostBuffer::new(2 * ONE);
+    target
+        .register_memory(unregistered.addr(), (2 * ONE) as u64, "*")
+        .unwrap();
+    let warm = Request {
+        op: OpCode::Read,
+        local: dst,
+        remote: unregistered.addr(),
+        len: 4096,
+    };
+    // SAFETY: `dst` is test-owned and outlives the call.
+    unsafe { initiator.transfer_sync(&seg, &[warm]) }.unwrap();
+    target.unregister_memory(unregistered.addr()).unwrap();
+    for round in 0..3 {
+        let rejected: Vec<Request> = (0..2)
+            .map(|i| Request {
+                op: OpCode::Read,
+                local: dst + (i * ONE) as u64,
+                remote: unregistered.addr() + (i * ONE) as u64,
+                len: ONE as u64,
+            })
+            .collect();
+        // SAFETY: `dst` is test-owned and outlives the call.
+        let result = unsafe { initiator.transfer_sync(&seg, &rejected) };
+        assert!(
+            result.is_err(),
+            "round {round}: reads of memory the target never registered succeeded"
+        );
+    }
+    // On a thread of its own, so that a read that never completes fails the test rather
+    // than hanging it.
+    let initiator = std::sync::Arc::new(initiator);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (engine, src) = (initiator.clone(), data.as_ptr() as u64);
+    std::thread::spawn(move || {
+        let r = Request {
+            op: OpCode::Read,
+            local: dst,
+            remote: src,
+            len: ONE as u64,
+        };
+        // SAFETY: `dst` and `data` are test-owned; the test waits for this call or fails.
+        let _ = tx.send(unsafe { engine.transfer_sync(&seg, &[r]) });
+    });
+    let done = rx.recv_timeout(std::time::Duration::from_secs(20));
+    assert!(
+        matches!(done, Ok(Ok(_))),
+        "a read after rejected ones did not complete within 20 s: {done:?}"
+    );
+    assert!(
+        device_bytes(dst, ONE) == data,
+        "the accepted read landed other bytes"
+    );
 }

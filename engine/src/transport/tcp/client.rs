@@ -1325,7 +1325,6 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
     let mut failure: Option<String> = None;
     let mut landing = Landing {
         read: None,
-        pending: &pending,
         shared: &shared,
     };
     // Never spins: it serves pipelined requests, where spinning took CPUs from threads
@@ -1353,7 +1352,11 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
         if into_device.is_some() {
             // Its last copies are left running in `landing`; the read there before has
             // landed by the time this one's bytes are all read, and is completed then.
+            let owed = owed_bytes(held.slice());
             failure = settle_with(replies, held, &shared, Duration::ZERO, Some(&mut landing));
+            // Its bytes are off the socket (or it failed or was rejected): the lane may ask
+            // for more now, not a chunk later once its copies have landed.
+            pending.done(owed);
         } else {
             let owed = owed_bytes(held.slice());
             settle_next(replies, held, &shared, &mut failure);
@@ -1366,10 +1369,9 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
 
 /// A read into device memory whose last copies may still be running (the receiver
 /// thread's stager keeps them running while the next reply comes in): completed once they
-/// have landed, and until then owed, so that no lane reads a reply meanwhile.
+/// have landed. Its bytes are no longer owed: they are off the socket.
 struct Landing<'a> {
     read: Option<(Held, u32)>,
-    pending: &'a InFlight,
     shared: &'a LinkShared,
 }
 
@@ -1383,14 +1385,12 @@ impl Landing<'_> {
         let Some((held, _)) = self.read.take() else {
             return;
         };
-        let owed = owed_bytes(held.slice());
         match result {
             Ok(()) => self.shared.complete(held, Ok(())),
             Err(e) => self
                 .shared
                 .retry_or_fail(held, &format!("copy into device memory failed: {e}")),
         }
-        self.pending.done(owed);
     }
 
     /// Waits for the read's copies, then completes it.
