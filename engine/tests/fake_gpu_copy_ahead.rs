@@ -16,8 +16,11 @@ use transfer_engine::device::staging::CHUNK;
 use transfer_engine::device::Vendor;
 use transfer_engine::{HostBuffer, OpCode, Request, TransferEngine};
 
+/// The fake's copy counters and queues are process-wide: one test at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The slow-copy fake and an initiator with one lane (and no caller connections), so
-/// that every request queues on one connection.
+/// that every request queues on one connection, uncut.
 fn one_lane_initiator() -> TransferEngine {
     install_fake(Vendor::Cuda);
     // SAFETY (edition 2021: set_var is safe): read by the fake at each synchronisation,
@@ -26,6 +29,8 @@ fn one_lane_initiator() -> TransferEngine {
     let mut config = transfer_engine::Config::from_env().unwrap();
     config.tcp_lanes_per_peer = 1;
     config.tcp_caller_conns = 0;
+    // Requests go whole, not cut in stripes: each is one request on the wire.
+    config.tcp_stripe_size = 64 << 20;
     TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap()
 }
 
@@ -35,6 +40,7 @@ fn one_lane_initiator() -> TransferEngine {
 /// copied out of the device twice: a chunk copied ahead is the one sent.
 #[test]
 fn back_to_back_device_writes_send_their_own_bytes_each_chunk_copied_once() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let initiator = one_lane_initiator();
     let target = engine();
     let sizes = [
@@ -144,6 +150,7 @@ fn back_to_back_device_writes_send_their_own_bytes_each_chunk_copied_once() {
 /// queued (a first chunk copied ahead for a request never sent included).
 #[test]
 fn no_copy_out_of_device_memory_outlives_a_failed_batch() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let initiator = one_lane_initiator();
     let target = engine();
     const N: usize = 64;
@@ -175,5 +182,91 @@ fn no_copy_out_of_device_memory_outlives_a_failed_batch() {
         queued(),
         0,
         "a copy out of the caller's device memory is still queued after the call returned"
+    );
+}
+
+/// The target's side: reads of its device memory, pipelined on one connection, of many
+/// sizes, with a read of its host memory among them. While the data server sends one, it
+/// copies the first chunk of the next (already here) out of the device. Every byte comes
+/// back from where it was asked for, and no chunk is copied out twice.
+#[test]
+fn back_to_back_reads_out_of_device_memory_send_their_own_bytes_each_chunk_copied_once() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let initiator = one_lane_initiator();
+    let target = engine();
+    let sizes = [
+        2 * CHUNK + 17,
+        1,
+        CHUNK,
+        4096,
+        CHUNK - 1,
+        3 * CHUNK,
+        777,
+        CHUNK + 1,
+        65536,
+    ];
+    let total: usize = sizes.iter().sum();
+    let data = pattern(total, 44);
+    let src = device_buffer(1, &data);
+    target.register_memory(src, total as u64, "*").unwrap();
+    let host_data = pattern(4096, 45);
+    target
+        .register_memory(host_data.as_ptr() as u64, 4096, "*")
+        .unwrap();
+    let back = HostBuffer::new(total + 4096);
+    initiator
+        .register_memory(back.addr(), (total + 4096) as u64, "*")
+        .unwrap();
+    let seg = target.session_id().to_string();
+    let mut reads = Vec::new();
+    let mut at = 0;
+    for &len in &sizes {
+        reads.push(Request {
+            op: OpCode::Read,
+            local: back.addr() + at as u64,
+            remote: src + at as u64,
+            len: len as u64,
+        });
+        at += len;
+    }
+    reads.insert(
+        3,
+        Request {
+            op: OpCode::Read,
+            local: back.addr() + total as u64,
+            remote: host_data.as_ptr() as u64,
+            len: 4096,
+        },
+    );
+    let (first, rest) = reads.split_at(5);
+    let before = stats();
+    // SAFETY: `back` is test-owned and outlives both batches (both waited for).
+    let one = unsafe { initiator.submit(&seg, first) }.unwrap();
+    // SAFETY: as above.
+    let two = unsafe { initiator.submit(&seg, rest) }.unwrap();
+    one.wait().unwrap();
+    two.wait().unwrap();
+    let after = stats();
+    let got = back.to_vec();
+    let wrong = got[..total].iter().zip(&data).position(|(a, b)| a != b);
+    assert_eq!(
+        wrong, None,
+        "byte {wrong:?} of the device reads came back wrong"
+    );
+    assert_eq!(
+        &got[total..],
+        &host_data[..],
+        "the host read came back wrong"
+    );
+    let chunks: usize = sizes.iter().map(|l| l.div_ceil(CHUNK)).sum();
+    assert_eq!(
+        (after[1] - before[1]) as usize,
+        chunks,
+        "async copies: one per staging chunk of the device reads"
+    );
+    assert_eq!(
+        queued(),
+        0,
+        "copies still queued after both batches were done"
     );
 }

@@ -138,28 +138,32 @@ impl Stager {
     }
 
     /// Writes `prefix`, then `len` bytes of device memory at `src`, to `dst`. With
-    /// `ahead.copied`, the first chunk was copied out by the send before (its
-    /// `ahead.next`); with `ahead.next`, the first chunk of that range is copied out while
-    /// this one's last chunk is sent. Every copy has landed on return, failed or not: none
-    /// reads device memory after this returns.
-    pub(crate) fn send_from(
+    /// `copied`, the first chunk was copied out by the send before (as its next range).
+    /// While the last chunk goes, `next` names the range sent next from this stager, if
+    /// any: its first chunk is copied out then. Every copy has landed on return, failed or
+    /// not: none reads device memory after this returns, and `next`'s guard is dropped
+    /// only then.
+    pub(crate) fn send_from<G>(
         &mut self,
         dst: &mut impl Write,
         prefix: &[u8],
         src: u64,
         len: usize,
-        ahead: Ahead,
+        copied: bool,
+        next: impl FnOnce() -> Option<NextSend<G>>,
     ) -> io::Result<()> {
         let chunks = len.div_ceil(CHUNK);
         let size = |k: usize| CHUNK.min(len - k * CHUNK);
         let copied = self
             .copied
             .take()
-            .filter(|c| ahead.copied && chunks > 0 && c.src == src && c.len == size(0));
+            .filter(|c| copied && chunks > 0 && c.src == src && c.len == size(0));
         self.settle()?;
         let first = copied.map_or(0, |c| c.buf);
         let buf = |k: usize| (first + k) % 2;
+        let mut next = Some(next);
         let mut next_copied = None;
+        let mut guard = None;
         let result = (|| {
             if chunks > 0 && copied.is_none() {
                 self.issue_out(buf(0), src, size(0))?;
@@ -172,14 +176,15 @@ impl Stager {
                 // first lands later, while one copy takes a fraction of a chunk's send.
                 if k + 1 < chunks {
                     self.issue_out(b ^ 1, src + ((k + 1) * CHUNK) as u64, size(k + 1))?;
-                } else if let Some((next, next_len)) = ahead.next.filter(|&(_, l)| l > 0) {
-                    let n = CHUNK.min(next_len);
-                    self.issue_out(b ^ 1, next, n)?;
+                } else if let Some(n) = next.take().and_then(|f| f()).filter(|n| n.len > 0) {
+                    let len = CHUNK.min(n.len);
+                    self.issue_out(b ^ 1, n.addr, len)?;
                     next_copied = Some(Copied {
-                        src: next,
-                        len: n,
+                        src: n.addr,
+                        len,
                         buf: b ^ 1,
                     });
+                    guard = Some(n.guard);
                 }
                 // SAFETY: the copy into bufs[b] has completed (stream synchronised).
                 let chunk = unsafe { std::slice::from_raw_parts(self.bufs[b], size(k)) };
@@ -187,14 +192,20 @@ impl Stager {
             }
             Ok(())
         })();
-        // Copies still running read the caller's memory (the next range's first chunk)
-        // or fill buffers about to be reused or freed: settled, whatever happened.
+        // Copies still running read device memory (the next range's first chunk) or fill
+        // buffers about to be reused or freed: settled, whatever happened.
         let settled = self.settle();
+        drop(guard);
         let result = result.and(settled);
         if result.is_ok() {
             self.copied = next_copied;
         }
         result
+    }
+
+    /// The first chunk of a next range was copied out by the last send.
+    pub(crate) fn holds_copied(&self) -> bool {
+        self.copied.is_some()
     }
 
     /// Copies `n` bytes of device memory at `src` into buffer `b`, which is free.
@@ -210,14 +221,20 @@ impl Stager {
     }
 }
 
-/// What a send copies ahead across requests (see [`Stager::send_from`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Ahead {
-    /// The range's first chunk was copied out by the send before, as its `next`.
-    pub copied: bool,
-    /// Device memory (address, length) sent next from this thread: its first chunk is
-    /// copied out while this send's last chunk goes.
-    pub next: Option<(u64, usize)>,
+/// Device memory sent next from the same stager (see [`Stager::send_from`]); `guard`
+/// keeps it registered until the copy out of it has landed.
+pub struct NextSend<G> {
+    /// First byte.
+    pub addr: u64,
+    /// Bytes.
+    pub len: usize,
+    /// Held until the copy has landed.
+    pub guard: G,
+}
+
+/// No next range: for [`send_from`]'s `next`.
+pub fn no_next() -> Option<NextSend<()>> {
+    None
 }
 
 /// A first chunk copied out ahead of its send, into buffer `buf`.
@@ -285,14 +302,16 @@ pub fn settle(device: u32) -> io::Result<()> {
 }
 
 /// Writes `prefix`, then `len` bytes of device memory at `src` on `device`, to `dst`,
-/// copying ahead across sends of this thread as `ahead` says.
-pub fn send_from(
+/// through this thread's stager, copying ahead across its sends as
+/// [`Stager::send_from`] says.
+pub fn send_from<G>(
     device: u32,
     dst: &mut impl Write,
     prefix: &[u8],
     src: u64,
     len: usize,
-    ahead: Ahead,
+    copied: bool,
+    next: impl FnOnce() -> Option<NextSend<G>>,
 ) -> io::Result<()> {
-    with_stager(device, |s| s.send_from(dst, prefix, src, len, ahead))
+    with_stager(device, |s| s.send_from(dst, prefix, src, len, copied, next))
 }

@@ -223,6 +223,6 @@ pub fn send_from(
     len: usize,
 ) -> io::Result<()> {
     with_lease(device, |s| {
-        s.send_from(dst, prefix, src, len, super::staging::Ahead::default())
+        s.send_from(dst, prefix, src, len, false, super::staging::no_next)
     })
 }

@@ -41,7 +41,7 @@ use super::budget::{LaneBudget, Membership};
 use super::cut_reader::CutStream;
 use super::read_ahead::ReadAhead;
 use crate::config::Config;
-use crate::device::staging::Ahead;
+use crate::device::staging::NextSend;
 use crate::error::TransferError;
 use crate::log_throttle::LogThrottle;
 use crate::memory::{Abort, MemSpan, SocketCut};
@@ -1069,7 +1069,7 @@ impl Conn {
         true
     }
 
-    /// Sends `held` (device-memory writes copying ahead as `ahead` says); true if it was a
+    /// Sends `held` (a device-memory write copying ahead as `ahead` says); true if it was a
     /// lone small request whose reply was read here.
     fn send(&mut self, held: Held, shared: &LinkShared, queue_empty: bool, ahead: Ahead) -> bool {
         let s = held.slice();
@@ -1084,7 +1084,15 @@ impl Conn {
                 &header,
                 s.local,
                 s.len as usize,
-                ahead,
+                ahead.copied,
+                // The next slice is held (taken), so its memory stays registered.
+                || {
+                    ahead.next.map(|(addr, len)| NextSend {
+                        addr,
+                        len,
+                        guard: (),
+                    })
+                },
             ),
             _ => self.send_host(&held, &header),
         };
@@ -1285,6 +1293,15 @@ impl InFlight {
 /// `READ_BYTES_PER_LANE`). The batch's size too, not the queue's length alone: the caller
 /// may still be queueing the rest, and a share of the few queued so far would send them
 /// one at a time.
+/// What a lane's send of a device-memory write copies ahead (see `send_device_run`).
+#[derive(Debug, Clone, Copy, Default)]
+struct Ahead {
+    /// The slice's first chunk was copied out by the send before, as its `next`.
+    copied: bool,
+    /// The slice sent next (address, length), taken already.
+    next: Option<(u64, usize)>,
+}
+
 fn group_cap(depth: usize, waiting: usize, batch: usize, lanes: usize) -> usize {
     let even = waiting.max(batch).div_ceil(lanes.max(1)).max(1);
     GROUP_REQUESTS.min(depth.max(1)).min(even)

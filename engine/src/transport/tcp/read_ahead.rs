@@ -9,6 +9,7 @@
 
 use std::io::{self, Read};
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 
 use super::cut_reader::CutStream;
 use crate::memory::{MemSpan, SocketCut};
@@ -85,6 +86,38 @@ impl ReadAhead {
         let out = self.peek::<N>();
         self.start += N;
         Ok(out)
+    }
+
+    /// Brings in, without waiting, what the socket holds of the next `N` bytes and no
+    /// more (so no payload behind them comes through here): a message the peer already
+    /// sent can then be looked at with [`peek`](Self::peek). A failed read is left for the
+    /// next one that waits to report.
+    pub fn fill_without_wait<const N: usize>(&mut self, stream: &TcpStream) {
+        const { assert!(N <= READ_AHEAD) };
+        if self.buffered() >= N {
+            return;
+        }
+        if self.buf.len() - self.start < N {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let want = N - self.buffered();
+        let Some(room) = self.buf.get_mut(self.end..self.end + want) else {
+            return;
+        };
+        // SAFETY: `room` is a writable buffer of `want` bytes, borrowed mutably.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                room.as_mut_ptr().cast(),
+                room.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n > 0 {
+            self.end += n as usize;
+        }
     }
 
     /// The next `N` bytes, left in place, if they are all here.
@@ -279,5 +312,36 @@ mod tests {
         assert_eq!(n, 100);
         drop(a);
         t.join().unwrap();
+    }
+
+    /// Looking for the next message without waiting: nothing sent, nothing read and no
+    /// wait; sent in two parts, the first part now and the whole once the rest is here;
+    /// never the payload behind it.
+    #[test]
+    fn a_look_ahead_reads_what_is_here_of_one_message_and_no_more() {
+        let (a, mut b, _cut) = pair();
+        let mut ahead = ReadAhead::default();
+        let started = std::time::Instant::now();
+        ahead.fill_without_wait::<24>(&a);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "it waited for the peer"
+        );
+        assert_eq!(ahead.buffered(), 0);
+        b.write_all(&[7u8; 10]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        ahead.fill_without_wait::<24>(&a);
+        assert_eq!(ahead.buffered(), 10);
+        assert_eq!(ahead.peek::<24>(), None);
+        b.write_all(&[8u8; 14 + 4096]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        ahead.fill_without_wait::<24>(&a);
+        assert_eq!(ahead.buffered(), 24);
+        assert!(ahead.peek::<24>().is_some());
+        assert_eq!(
+            crate::net::bytes_queued(a.as_raw_fd()).unwrap(),
+            4096,
+            "the payload behind the message stays in the socket"
+        );
     }
 }

@@ -18,8 +18,10 @@ use super::landing::Landing;
 use super::read_ahead::ReadAhead;
 use crate::config::Config;
 use crate::conn_limit::ConnLimiter;
+use crate::device::staging::NextSend;
+use crate::device::staging_pool::{self, Lease};
 use crate::log_throttle::LogThrottle;
-use crate::memory::{Abort, MemoryRegistry, SocketCut};
+use crate::memory::{Abort, MemoryRegistry, Pin, SocketCut};
 use crate::metrics::ConnectionCounters as LinkCounters;
 use crate::net;
 use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN, STATUS_LEN};
@@ -193,6 +195,9 @@ fn serve(
     let mut small = false;
     // Writes into device memory still landing; their statuses are held meanwhile.
     let mut landing: Option<Landing> = None;
+    // The stager of the last read out of device memory, holding the first chunk of the
+    // request after it (a read out of the same device, here already then).
+    let mut kept: Option<Lease> = None;
     loop {
         // The peer sent nothing more yet: it may wait for the statuses of what it sent.
         if landing.is_some() && !request_waiting(&stream, &ahead) {
@@ -208,6 +213,8 @@ fn serve(
         };
         let h = RequestHeader::decode(&header)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        // Back to the pool unless this request is a read out of its device (below).
+        let kept_stager = kept.take();
         small = h.size <= super::spin::SMALL_REQUEST;
         // The whole request (payload in, status and data out) within the I/O timeout plus
         // 1 ns per byte, as upstream bounds a transfer: a peer that sends a byte at a time
@@ -222,7 +229,7 @@ fn serve(
         let joins = h.opcode == OpCode::Write
             && device.is_some()
             && landing.as_ref().map(Landing::device) == device
-            && !crate::device::staging_pool::wanted();
+            && !staging_pool::wanted();
         if !joins {
             land(&mut landing, &mut statuses, &mut own)?;
         }
@@ -268,15 +275,20 @@ fn serve(
                     statuses.hold(status);
                 }
                 OpCode::Read => {
+                    let (mut lease, copied) = match kept_stager {
+                        Some(lease) if lease.device() == device => (lease, true),
+                        _ => (staging_pool::checkout(device)?, false),
+                    };
                     let head = statuses.head(status);
-                    crate::device::staging_pool::send_from(
-                        device,
-                        &mut own,
-                        head,
-                        h.addr,
-                        h.size as usize,
-                    )?;
+                    let memory = &shared.memory;
+                    let next = || next_read_of(device, &stream, &mut ahead, memory, &holder);
+                    let stager = lease.stager()?;
+                    stager.send_from(&mut own, head, h.addr, h.size as usize, copied, next)?;
                     statuses.sent();
+                    // Kept for the next request, unless another connection waits for one.
+                    if stager.holds_copied() && !staging_pool::wanted() {
+                        kept = Some(lease);
+                    }
                 }
             }
             count_served(&shared.counters, h.opcode, h.size);
@@ -306,6 +318,29 @@ fn serve(
         }
         count_served(&shared.counters, h.opcode, h.size);
     }
+}
+
+/// The next request, if it is here already and reads registered memory of `device`:
+/// what a read out of device memory copies ahead while its last chunk is sent. Its pin
+/// keeps the memory registered until that copy has landed.
+fn next_read_of(
+    device: u32,
+    stream: &TcpStream,
+    ahead: &mut ReadAhead,
+    memory: &MemoryRegistry,
+    holder: &Arc<dyn Abort>,
+) -> Option<NextSend<Pin>> {
+    ahead.fill_without_wait::<HEADER_LEN>(stream);
+    let h = RequestHeader::decode(&ahead.peek::<HEADER_LEN>()?).ok()?;
+    if h.opcode != OpCode::Read {
+        return None;
+    }
+    let pin = memory.pin_near(h.addr, h.size, holder, &mut None)?;
+    (pin.region().device.map(|(_, d)| d) == Some(device)).then_some(NextSend {
+        addr: h.addr,
+        len: usize::try_from(h.size).ok()?,
+        guard: pin,
+    })
 }
 
 /// Waits for the next request's first byte: false once the server stops, the connection
