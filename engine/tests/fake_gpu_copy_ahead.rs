@@ -16,6 +16,19 @@ use transfer_engine::device::staging::CHUNK;
 use transfer_engine::device::Vendor;
 use transfer_engine::{HostBuffer, OpCode, Request, TransferEngine};
 
+/// Requests below a chunk, of whole chunks and with ragged tails.
+const SIZES: [usize; 9] = [
+    2 * CHUNK + 17,
+    1,
+    CHUNK,
+    4096,
+    CHUNK - 1,
+    3 * CHUNK,
+    777,
+    CHUNK + 1,
+    65536,
+];
+
 /// The fake's copy counters and queues are process-wide: one test at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -43,17 +56,7 @@ fn back_to_back_device_writes_send_their_own_bytes_each_chunk_copied_once() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let initiator = one_lane_initiator();
     let target = engine();
-    let sizes = [
-        2 * CHUNK + 17,
-        1,
-        CHUNK,
-        4096,
-        CHUNK - 1,
-        3 * CHUNK,
-        777,
-        CHUNK + 1,
-        65536,
-    ];
+    let sizes = SIZES;
     let total: usize = sizes.iter().sum();
     let data = pattern(total, 41);
     let src = device_buffer(0, &data);
@@ -194,17 +197,7 @@ fn back_to_back_reads_out_of_device_memory_send_their_own_bytes_each_chunk_copie
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let initiator = one_lane_initiator();
     let target = engine();
-    let sizes = [
-        2 * CHUNK + 17,
-        1,
-        CHUNK,
-        4096,
-        CHUNK - 1,
-        3 * CHUNK,
-        777,
-        CHUNK + 1,
-        65536,
-    ];
+    let sizes = SIZES;
     let total: usize = sizes.iter().sum();
     let data = pattern(total, 44);
     let src = device_buffer(1, &data);
