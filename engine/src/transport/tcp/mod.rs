@@ -34,9 +34,9 @@ use server::TcpServer;
 /// The protocol name in descriptors.
 pub const PROTOCOL: &str = "tcp";
 
-/// Stripes of requests in local device memory are this large at least (see
-/// `slice_size_for`).
-const DEVICE_STRIPE: u64 = 4 << 20;
+/// Stripes of requests in local device memory are this large at least: one staging
+/// chunk (see `slice_size_for`).
+const DEVICE_STRIPE: u64 = crate::device::staging::CHUNK as u64;
 
 /// The TCP transport: a data-port server for peers, and links (lanes of persistent
 /// connections) to each peer's data port.
@@ -175,9 +175,13 @@ impl Transport for TcpTransport {
     }
 
     /// Device memory is staged through pinned chunks, copied on the device's streams while
-    /// the socket moves the chunk before: a request of one chunk overlaps nothing, so such
-    /// requests are cut at [`DEVICE_STRIPE`] at least (on the 16-CPU host, H200 memory
-    /// moved 16.8-19.3 GB/s in stripes of 1 MiB against 21.4-23.8 in stripes of 4 MiB).
+    /// the socket moves the chunk before, within a request and (since each send copies the
+    /// next request's first chunk ahead, and each receive leaves its last copies landing)
+    /// across requests. Requests are cut at [`DEVICE_STRIPE`], one chunk, at least: on the
+    /// 16-CPU host, reads into GPU memory moved 10-19% more in stripes of 2 MiB than of
+    /// 4 MiB (more, smaller requests keep every lane busy to a batch's end), writes as
+    /// much or more; stripes of 1 MiB moved writes 7-10% less (docs/benchmarks.md,
+    /// session 13). Before copies went ahead across requests, 1 MiB stripes lost 20%.
     fn slice_size_for(&self, device: bool) -> u64 {
         if device {
             self.config.tcp_stripe_size.max(DEVICE_STRIPE)
@@ -253,7 +257,8 @@ mod tests {
     }
 
     #[test]
-    fn device_memory_is_cut_in_stripes_of_four_mib_at_least() {
+    fn device_memory_is_cut_in_stripes_of_one_staging_chunk_at_least() {
+        assert_eq!(DEVICE_STRIPE, 2 << 20);
         assert_eq!(stripes(None), [1 << 20, DEVICE_STRIPE]);
         assert_eq!(stripes(Some(64 << 10)), [64 << 10, DEVICE_STRIPE]);
         assert_eq!(stripes(Some(16 << 20)), [16 << 20, 16 << 20]);
