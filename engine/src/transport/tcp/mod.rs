@@ -178,10 +178,11 @@ impl Transport for TcpTransport {
     /// the socket moves the chunk before, within a request and (since each send copies the
     /// next request's first chunk ahead, and each receive leaves its last copies landing)
     /// across requests. Requests are cut at [`DEVICE_STRIPE`], one chunk, at least: on the
-    /// 16-CPU host, reads into GPU memory moved 10-19% more in stripes of 2 MiB than of
-    /// 4 MiB (more, smaller requests keep every lane busy to a batch's end), writes as
-    /// much or more; stripes of 1 MiB moved writes 7-10% less (docs/benchmarks.md,
-    /// session 13). Before copies went ahead across requests, 1 MiB stripes lost 20%.
+    /// 16-CPU host, reads into GPU memory moved 1-19% more in stripes of 2 MiB than of
+    /// 4 MiB (host reads cut at 4 MiB left the same share of the CPUs idle), GPU-to-GPU
+    /// writes 2-4% more; stripes of 1 MiB moved those writes 7-10% less
+    /// (docs/benchmarks.md, session 13). Before copies went ahead across requests, 1 MiB
+    /// stripes lost 20%.
     fn slice_size_for(&self, device: bool) -> u64 {
         if device {
             self.config.tcp_stripe_size.max(DEVICE_STRIPE)
