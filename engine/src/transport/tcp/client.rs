@@ -1285,14 +1285,6 @@ impl InFlight {
     }
 }
 
-/// Requests one lane may gather into a group: [`GROUP_REQUESTS`] and the pipeline `depth`
-/// at most, and no more than an even share among `lanes` of the larger of the slices
-/// `waiting` (queued, and the group's) and the requests of the `batch` they start. Without
-/// the share the first lanes to wake took a batch between them and the rest stayed idle (a
-/// batch of 64 reads of 64 KiB went out on 8 of 16 lanes, 8 reads each up to
-/// `READ_BYTES_PER_LANE`). The batch's size too, not the queue's length alone: the caller
-/// may still be queueing the rest, and a share of the few queued so far would send them
-/// one at a time.
 /// What a lane's send of a device-memory write copies ahead (see `send_device_run`).
 #[derive(Debug, Clone, Copy, Default)]
 struct Ahead {
@@ -1302,6 +1294,14 @@ struct Ahead {
     next: Option<(u64, usize)>,
 }
 
+/// Requests one lane may gather into a group: [`GROUP_REQUESTS`] and the pipeline `depth`
+/// at most, and no more than an even share among `lanes` of the larger of the slices
+/// `waiting` (queued, and the group's) and the requests of the `batch` they start. Without
+/// the share the first lanes to wake took a batch between them and the rest stayed idle (a
+/// batch of 64 reads of 64 KiB went out on 8 of 16 lanes, 8 reads each up to
+/// `READ_BYTES_PER_LANE`). The batch's size too, not the queue's length alone: the caller
+/// may still be queueing the rest, and a share of the few queued so far would send them
+/// one at a time.
 fn group_cap(depth: usize, waiting: usize, batch: usize, lanes: usize) -> usize {
     let even = waiting.max(batch).div_ceil(lanes.max(1)).max(1);
     GROUP_REQUESTS.min(depth.max(1)).min(even)
