@@ -263,3 +263,66 @@ fn back_to_back_reads_out_of_device_memory_send_their_own_bytes_each_chunk_copie
         "copies still queued after both batches were done"
     );
 }
+
+/// A raw peer pipelines three reads of the target's device memory: a valid one, one that
+/// runs past the end of the registered region, and a valid one. The server copies ahead
+/// only what it may read: the second is rejected and never copied (a copy of it would read
+/// past the region), so the device sees one copy for each valid read and no more.
+#[test]
+fn a_raw_peer_cannot_make_the_server_copy_ahead_outside_registered_device_memory() {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    use transfer_engine::wire::tcp::{RequestHeader, Status, STATUS_LEN};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    install_fake(Vendor::Cuda);
+    let target = engine();
+    let len = CHUNK;
+    let data = pattern(len, 46);
+    let dev = device_buffer(0, &data);
+    target.register_memory(dev, len as u64, "*").unwrap();
+    let read = |addr: u64, size: u64| {
+        RequestHeader {
+            size,
+            addr,
+            opcode: OpCode::Read,
+            v2: true,
+        }
+        .encode()
+    };
+    let half = (len / 2) as u64;
+    let mut asks = Vec::new();
+    asks.extend_from_slice(&read(dev, half));
+    asks.extend_from_slice(&read(dev + half, len as u64));
+    asks.extend_from_slice(&read(dev, 4096));
+    let before = stats();
+    let mut peer = std::net::TcpStream::connect(("127.0.0.1", target.data_port())).unwrap();
+    peer.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    peer.write_all(&asks).unwrap();
+    let status = |peer: &mut std::net::TcpStream| {
+        let mut s = [0u8; STATUS_LEN];
+        peer.read_exact(&mut s).unwrap();
+        Status::decode(&s).unwrap()
+    };
+    assert!(matches!(status(&mut peer), Status::Ok));
+    let mut first = vec![0u8; half as usize];
+    peer.read_exact(&mut first).unwrap();
+    assert!(
+        first == data[..half as usize],
+        "the first read sent other bytes"
+    );
+    assert!(
+        matches!(status(&mut peer), Status::AddrRejected),
+        "a read past the registered region was not rejected"
+    );
+    assert!(matches!(status(&mut peer), Status::Ok));
+    let mut third = vec![0u8; 4096];
+    peer.read_exact(&mut third).unwrap();
+    assert!(third == data[..4096], "the third read sent other bytes");
+    let after = stats();
+    assert_eq!(
+        after[1] - before[1],
+        2,
+        "async copies: one for each valid read, none for the rejected one"
+    );
+}
