@@ -232,11 +232,6 @@ pub struct NextSend<G> {
     pub guard: G,
 }
 
-/// No next range: for [`send_from`]'s `next`.
-pub fn no_next() -> Option<NextSend<()>> {
-    None
-}
-
 /// A first chunk copied out ahead of its send, into buffer `buf`.
 #[derive(Debug, Clone, Copy)]
 struct Copied {

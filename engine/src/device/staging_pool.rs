@@ -18,7 +18,7 @@
 //! this pool also means a process that both sends and serves cannot have its
 //! lanes hold every stager its server needs.
 
-use std::io::{self, Write};
+use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -206,23 +206,4 @@ pub(crate) fn checkout(device: u32) -> io::Result<Lease> {
             ));
         }
     }
-}
-
-fn with_lease<T>(device: u32, f: impl FnOnce(&mut Stager) -> io::Result<T>) -> io::Result<T> {
-    let mut lease = checkout(device)?;
-    f(lease.stager()?)
-}
-
-/// Writes `prefix`, then `len` bytes of device memory at `src` on `device`,
-/// to `dst`, through a stager of the pool.
-pub fn send_from(
-    device: u32,
-    dst: &mut impl Write,
-    prefix: &[u8],
-    src: u64,
-    len: usize,
-) -> io::Result<()> {
-    with_lease(device, |s| {
-        s.send_from(dst, prefix, src, len, false, super::staging::no_next)
-    })
 }

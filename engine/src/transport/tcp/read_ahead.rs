@@ -62,11 +62,7 @@ impl ReadAhead {
         follows: u64,
     ) -> io::Result<Option<[u8; N]>> {
         const { assert!(N <= READ_AHEAD) };
-        if self.buffered() < N && self.buf.len() - self.start < N {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
+        self.make_room_for::<N>();
         let fits = follows.saturating_add(N as u64) <= READ_AHEAD as u64;
         let limit = if fits {
             self.buf.len()
@@ -97,11 +93,7 @@ impl ReadAhead {
         if self.buffered() >= N {
             return;
         }
-        if self.buf.len() - self.start < N {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
+        self.make_room_for::<N>();
         let want = N - self.buffered();
         let Some(room) = self.buf.get_mut(self.end..self.end + want) else {
             return;
@@ -117,6 +109,15 @@ impl ReadAhead {
         };
         if n > 0 {
             self.end += n as usize;
+        }
+    }
+
+    /// Moves what is buffered to the front when the next `N` bytes would not fit behind it.
+    fn make_room_for<const N: usize>(&mut self) {
+        if self.buffered() < N && self.buf.len() - self.start < N {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
         }
     }
 
