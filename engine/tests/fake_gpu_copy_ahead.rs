@@ -11,7 +11,9 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 mod fake_gpu;
-use fake_gpu::{device_buffer, device_bytes, engine, install_fake, pattern, queued, stats};
+use fake_gpu::{
+    device_buffer, device_bytes, engine, install_fake, pattern, queued, requests, stats,
+};
 use transfer_engine::device::staging::CHUNK;
 use transfer_engine::device::Vendor;
 use transfer_engine::{HostBuffer, OpCode, Request, TransferEngine};
@@ -163,14 +165,7 @@ fn no_copy_out_of_device_memory_outlives_a_failed_batch() {
     let dst = HostBuffer::new(len);
     target.register_memory(dst.addr(), len as u64, "*").unwrap();
     let seg = target.session_id().to_string();
-    let writes: Vec<Request> = (0..N)
-        .map(|i| Request {
-            op: OpCode::Write,
-            local: src + (i * CHUNK) as u64,
-            remote: dst.addr() + (i * CHUNK) as u64,
-            len: CHUNK as u64,
-        })
-        .collect();
+    let writes = requests(OpCode::Write, src, dst.addr(), N, CHUNK);
     // SAFETY: `src` is test-owned and outlives the batch (waited for below).
     let batch = unsafe { initiator.submit(&seg, &writes) }.unwrap();
     // 64 chunks at 0.3 ms a copy and more: the target goes while most are queued.

@@ -9,7 +9,7 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 mod fake_gpu;
-use fake_gpu::{device_buffer, device_bytes, engine, install_fake, pattern};
+use fake_gpu::{device_buffer, device_bytes, engine, install_fake, pattern, requests};
 use transfer_engine::device::Vendor;
 use transfer_engine::{HostBuffer, OpCode, Request};
 
@@ -261,14 +261,7 @@ fn rejected_reads_into_device_memory_leave_the_lane_free() {
     unsafe { initiator.transfer_sync(&seg, &[warm]) }.unwrap();
     target.unregister_memory(unregistered.addr()).unwrap();
     for round in 0..3 {
-        let rejected: Vec<Request> = (0..2)
-            .map(|i| Request {
-                op: OpCode::Read,
-                local: dst + (i * ONE) as u64,
-                remote: unregistered.addr() + (i * ONE) as u64,
-                len: ONE as u64,
-            })
-            .collect();
+        let rejected = requests(OpCode::Read, dst, unregistered.addr(), 2, ONE);
         // SAFETY: `dst` is test-owned and outlives the call.
         let result = unsafe { initiator.transfer_sync(&seg, &rejected) };
         assert!(

@@ -98,6 +98,18 @@ pub fn vmm_buffer(device: u32, chunk: usize, n: i32) -> u64 {
     p as u64
 }
 
+/// `n` requests of `op`, `each` bytes apiece, side by side from `local` and `remote`.
+pub fn requests(op: OpCode, local: u64, remote: u64, n: usize, each: usize) -> Vec<Request> {
+    (0..n)
+        .map(|i| Request {
+            op,
+            local: local + (i * each) as u64,
+            remote: remote + (i * each) as u64,
+            len: each as u64,
+        })
+        .collect()
+}
+
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     (0..len as u64)
         .map(|i| (i.wrapping_mul(131) + seed * 7 + (i >> 8) + (i >> 16)) as u8)
