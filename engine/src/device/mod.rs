@@ -12,6 +12,7 @@ pub(crate) mod batch;
 pub mod dmabuf;
 pub mod ipc;
 pub mod loader;
+pub mod spare_stagers;
 pub mod staging;
 pub mod staging_pool;
 pub(crate) mod vmm;

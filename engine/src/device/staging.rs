@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
-use super::{DeviceError, Runtime, Stream};
+use super::{spare_stagers, DeviceError, Runtime, Stream};
 
 /// Bytes per staging chunk. Each copy costs the calling thread a runtime call (about
 /// 22 µs on the H200 host, more under load) and a synchronisation: 2 MiB chunks moved
@@ -250,23 +250,58 @@ impl Drop for Stager {
     }
 }
 
+/// This thread's stagers, one per device; given back as spares when the thread ends.
+#[derive(Default)]
+struct ThreadStagers(HashMap<u32, Stager>);
+
+impl ThreadStagers {
+    /// Gives every stager back as a spare, settled and holding nothing copied ahead; one
+    /// whose copies failed is freed instead.
+    fn give_back_all(&mut self) {
+        for (device, mut s) in self.0.drain() {
+            if s.settle().is_ok() {
+                s.copied = None;
+                spare_stagers::give_back(device, s);
+            }
+        }
+    }
+}
+
+impl Drop for ThreadStagers {
+    fn drop(&mut self) {
+        self.give_back_all();
+    }
+}
+
 thread_local! {
-    static STAGERS: RefCell<HashMap<u32, Stager>> = RefCell::new(HashMap::new());
+    static STAGERS: RefCell<ThreadStagers> = RefCell::default();
 }
 
 fn with_stager<T>(device: u32, f: impl FnOnce(&mut Stager) -> io::Result<T>) -> io::Result<T> {
     let rt = super::runtime().map_err(io::Error::other)?;
     STAGERS.with(|cell| {
-        let mut map = cell.borrow_mut();
-        let stager = match map.entry(device) {
+        let mut mine = cell.borrow_mut();
+        let stager = match mine.0.entry(device) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(Stager::new(rt.clone(), device).map_err(io::Error::other)?)
+                let s = match spare_stagers::take(device) {
+                    Some(s) => s,
+                    None => Stager::new(rt.clone(), device).map_err(io::Error::other)?,
+                };
+                e.insert(s)
             }
         };
         rt.set_device(device).map_err(io::Error::other)?;
         f(stager)
     })
+}
+
+/// Gives this thread's stagers back (see [`spare_stagers`]): called by a thread about to
+/// wait for work, once the copies it left running have been settled and reported.
+pub fn give_back_thread_stagers() {
+    // Taken out of the cell first: settling and freeing run outside the borrow.
+    let mut mine = STAGERS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    mine.give_back_all();
 }
 
 /// Reads `len` bytes from `src` into device memory at `dst` on `device`.
@@ -293,6 +328,11 @@ pub fn receive_landing(
 
 /// Waits for the copies this thread left running on `device`.
 pub fn settle(device: u32) -> io::Result<()> {
+    // A thread without a stager for `device` has no copies there to wait for.
+    let mine = STAGERS.with(|cell| cell.borrow().0.contains_key(&device));
+    if !mine {
+        return Ok(());
+    }
     with_stager(device, Stager::settle)
 }
 

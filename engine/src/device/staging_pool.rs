@@ -38,8 +38,9 @@ struct Pool {
 }
 
 struct State {
-    /// Stagers not checked out, with their device.
-    idle: Vec<(u32, Stager)>,
+    /// Stagers not checked out, with their device and since when; most recently
+    /// returned last.
+    idle: Vec<(u32, Stager, Instant)>,
     /// Stagers in existence (idle or checked out).
     live: usize,
     /// The budget, in stagers.
@@ -80,7 +81,10 @@ pub fn configure(config: &Config) {
         // A smaller budget frees idle stagers at once, busy ones when returned.
         let mut surplus = Vec::new();
         while st.live > st.max {
-            let Some((_, s)) = st.idle.pop() else { break };
+            if st.idle.is_empty() {
+                break;
+            }
+            let (_, s, _) = st.idle.remove(0);
             st.live -= 1;
             surplus.push(s);
         }
@@ -88,6 +92,23 @@ pub fn configure(config: &Config) {
     };
     // Freed outside the lock: freeing synchronises streams.
     drop(surplus);
+}
+
+/// Frees the stagers no request checked out for `idle`: a server that went quiet keeps
+/// no pinned memory.
+pub fn trim(idle: Duration) {
+    let stale = {
+        let mut st = pool().state.lock();
+        let n = st
+            .idle
+            .iter()
+            .position(|(.., since)| since.elapsed() < idle)
+            .unwrap_or(st.idle.len());
+        st.live -= n;
+        st.idle.drain(..n).collect::<Vec<_>>()
+    };
+    // Freed outside the lock: freeing synchronises streams.
+    drop(stale);
 }
 
 /// Stagers in existence now (idle or checked out).
@@ -135,7 +156,7 @@ impl Drop for Lease {
                 st.live -= 1;
                 Some(s)
             } else {
-                st.idle.push((self.device, s));
+                st.idle.push((self.device, s, Instant::now()));
                 None
             }
         };
@@ -152,8 +173,8 @@ pub(crate) fn checkout(device: u32) -> io::Result<Lease> {
     let mut st = p.state.lock();
     let deadline = Instant::now() + st.wait;
     loop {
-        if let Some(i) = st.idle.iter().position(|(d, _)| *d == device) {
-            let (_, s) = st.idle.swap_remove(i);
+        if let Some(i) = st.idle.iter().rposition(|(d, ..)| *d == device) {
+            let (_, s, _) = st.idle.remove(i);
             drop(st);
             rt.set_device(device).map_err(io::Error::other)?;
             return Ok(Lease {
@@ -179,7 +200,7 @@ pub(crate) fn checkout(device: u32) -> io::Result<Lease> {
         if !st.idle.is_empty() {
             // The budget is spent, partly on idle stagers of another device:
             // free one to make room for this device's.
-            let spare = st.idle.pop();
+            let spare = st.idle.remove(0);
             st.live -= 1;
             drop(st);
             drop(spare);

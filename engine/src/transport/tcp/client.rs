@@ -563,6 +563,10 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
     let mut group = Vec::new();
     let mut pause = REFUSED_PAUSE;
     loop {
+        if index >= shared.lanes.budget().share() {
+            // About to park: its staging memory goes to the lanes within the share.
+            crate::device::staging::give_back_thread_stagers();
+        }
         shared
             .lanes
             .budget()
@@ -1353,6 +1357,7 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
             Err(TryRecvError::Empty) => {
                 // No reply to read next: the caller may be waiting for this one.
                 landing.settle();
+                crate::device::staging::give_back_thread_stagers();
                 match rx.recv() {
                     Ok(held) => held,
                     Err(RecvError) => break,
@@ -1556,12 +1561,17 @@ fn settle_with(
 /// The next message of `rx`, looked for without sleeping for up to `spin` first: work
 /// that follows within microseconds is taken without a wake-up.
 fn next<T>(rx: &Receiver<T>, spin: Duration) -> Result<T, RecvError> {
-    let found = super::spin::spin_for(spin, || match rx.try_recv() {
+    let look = || match rx.try_recv() {
         Ok(msg) => Some(Ok(msg)),
         Err(TryRecvError::Disconnected) => Some(Err(RecvError)),
         Err(TryRecvError::Empty) => None,
-    });
-    found.unwrap_or_else(|| rx.recv())
+    };
+    if let Some(found) = look().or_else(|| super::spin::spin_for(spin, look)) {
+        return found;
+    }
+    // Out of work: the staging memory this lane held goes to whichever thread needs it.
+    crate::device::staging::give_back_thread_stagers();
+    rx.recv()
 }
 
 enum ReplyError {

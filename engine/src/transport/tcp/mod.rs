@@ -74,6 +74,10 @@ impl TcpTransport {
         let listener = net::bind_in_range(ip, min, max, 1024).map_err(io(range.clone()))?;
         let data_port = listener.local_addr().map_err(io(range))?.port();
         crate::device::staging_pool::configure(config);
+        // A lane and a receiver for each lane that may run at once.
+        crate::device::spare_stagers::configure(
+            2 * config.tcp_lane_budget.max(config.tcp_lanes_per_peer),
+        );
         let counters = Arc::<LinkCounters>::default();
         let server = TcpServer::start(listener, memory, config, counters.clone())
             .map_err(io("cannot start the TCP data server".into()))?;
@@ -231,6 +235,9 @@ impl Transport for TcpTransport {
                 .collect();
             gone.iter().filter_map(|k| links.remove(k)).collect()
         };
+        // Staging memory nobody used for as long goes too.
+        crate::device::spare_stagers::trim(idle);
+        crate::device::staging_pool::trim(idle);
         // Joined outside the lock: a lane may take a moment to notice.
         for link in evicted {
             tracing::debug!(

@@ -1,0 +1,96 @@
+//! Stagers our own lanes and receivers gave back while they wait for work.
+//!
+//! A lane or receiver thread stages device memory through a [`Stager`] of its own
+//! ([`super::staging`]). Kept for the thread's life, those would grow with the threads:
+//! every link starts its own lanes (up to a CPU's worth), each with a receiver, and a
+//! decode process that pulls from eight prefill peers kept 8 links x 16 lanes x 2 x 4 MiB
+//! = 1 GiB pinned while moving bytes over 16 lanes at a time. So a thread that runs out of
+//! work gives its stagers back here, and a thread that needs one takes it from here
+//! before allocating: pinned memory follows the threads moving device memory now, plus at
+//! most [`configure`]'s spares, whatever the number of peers. Spares unused for a while
+//! are freed ([`trim`]): an idle process holds none.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::staging::Stager;
+
+struct Spares {
+    /// Most recently given back last: taken first, their buffers are warmest.
+    kept: Vec<Spare>,
+    max: usize,
+}
+
+struct Spare {
+    device: u32,
+    stager: Stager,
+    since: Instant,
+}
+
+fn spares() -> &'static Mutex<Spares> {
+    static SPARES: OnceLock<Mutex<Spares>> = OnceLock::new();
+    SPARES.get_or_init(|| {
+        Mutex::new(Spares {
+            kept: Vec::new(),
+            max: DEFAULT_MAX,
+        })
+    })
+}
+
+/// Until a TCP transport says otherwise: a lane and a receiver for each of 8 lanes.
+const DEFAULT_MAX: usize = 16;
+
+/// Keeps at most `max` spares (process-wide: the most recently started engine sets it);
+/// frees those over it at once.
+pub fn configure(max: usize) {
+    let surplus = {
+        let mut s = spares().lock();
+        s.max = max;
+        let over = s.kept.len().saturating_sub(max);
+        s.kept.drain(..over).collect::<Vec<_>>()
+    };
+    // Freed outside the lock: freeing pinned memory synchronises the device.
+    drop(surplus);
+}
+
+/// A spare stager for `device`, if one is kept.
+pub(crate) fn take(device: u32) -> Option<Stager> {
+    let mut s = spares().lock();
+    let i = s.kept.iter().rposition(|k| k.device == device)?;
+    Some(s.kept.remove(i).stager)
+}
+
+/// Keeps `stager` (settled, holding nothing copied ahead) for the next thread that needs
+/// one on `device`; the oldest spare is freed if that makes one too many.
+pub(crate) fn give_back(device: u32, stager: Stager) {
+    let surplus = {
+        let mut s = spares().lock();
+        s.kept.push(Spare {
+            device,
+            stager,
+            since: Instant::now(),
+        });
+        let over = s.kept.len().saturating_sub(s.max);
+        s.kept.drain(..over).collect::<Vec<_>>()
+    };
+    drop(surplus);
+}
+
+/// Frees the spares given back more than `idle` ago.
+pub fn trim(idle: Duration) {
+    let stale = {
+        let mut s = spares().lock();
+        let fresh = s.kept.iter().position(|k| k.since.elapsed() < idle);
+        // Given back in order: the stale ones lead.
+        let n = fresh.unwrap_or(s.kept.len());
+        s.kept.drain(..n).collect::<Vec<_>>()
+    };
+    drop(stale);
+}
+
+/// Spare stagers kept now.
+pub fn count() -> usize {
+    spares().lock().kept.len()
+}
