@@ -176,3 +176,41 @@ fn an_idle_process_frees_its_staging_memory() {
         .unwrap();
     assert_eq!(device_bytes(back, len), device_bytes(src, len));
 }
+
+/// Dropping the engines frees their staging memory at once, without waiting for
+/// `MC_TCP_LINK_IDLE_SEC`: lanes, receivers and data server threads give their stagers back
+/// as they stop, and nobody is left to take them.
+#[test]
+fn dropped_engines_leave_no_staging_memory() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let idle = Duration::from_secs(120);
+    let initiator = engine_with(LANES, idle);
+    let target = engine_with(LANES, idle);
+    let len = 4 * LANES * CHUNK;
+    let src = device_buffer(0, &pattern(len, 11));
+    let dst = device_buffer(0, &vec![0u8; len]);
+    initiator.register_memory(src, len as u64, "*").unwrap();
+    target.register_memory(dst, len as u64, "*").unwrap();
+    let seg = target.session_id().to_string();
+    for op in [OpCode::Write, OpCode::Read] {
+        let reqs = requests(op, src, dst, len / CHUNK, CHUNK);
+        // SAFETY: both buffers are test-owned and outlive the batch (waited for).
+        unsafe { initiator.submit(&seg, &reqs) }
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    assert!(pinned()[0] > 0, "nothing was staged");
+    drop(initiator);
+    drop(target);
+    // The data server's connection threads stop on their own after it closes them.
+    let freed = eventually(|| pinned()[0] == 0);
+    assert!(
+        freed,
+        "{} pinned allocations alive after both engines were dropped ({} spares, {} server \
+         stagers)",
+        pinned()[0],
+        spare_stagers::count(),
+        staging_pool::live_stagers()
+    );
+}

@@ -65,6 +65,10 @@ pub(crate) fn take(device: u32) -> Option<Stager> {
 /// Keeps `stager` (settled, holding nothing copied ahead) for the next thread that needs
 /// one on `device`; the oldest spare is freed if that makes one too many.
 pub(crate) fn give_back(device: u32, stager: Stager) {
+    if !super::staging_pool::in_use() {
+        // The last TCP transport is gone: nobody will take it.
+        return;
+    }
     let surplus = {
         let mut s = spares().lock();
         s.kept.push(Spare {

@@ -299,9 +299,15 @@ fn with_stager<T>(device: u32, f: impl FnOnce(&mut Stager) -> io::Result<T>) -> 
 /// Gives this thread's stagers back (see [`spare_stagers`]): called by a thread about to
 /// wait for work, once the copies it left running have been settled and reported.
 pub fn give_back_thread_stagers() {
-    // Taken out of the cell first: settling and freeing run outside the borrow.
-    let mut mine = STAGERS.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
-    mine.give_back_all();
+    // Taken out of the cell first: settling and freeing run outside the borrow. Most
+    // threads that wait for work moved host memory only and hold none.
+    let mut mine = STAGERS.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        (!cell.0.is_empty()).then(|| std::mem::take(&mut *cell))
+    });
+    if let Some(mine) = mine.as_mut() {
+        mine.give_back_all();
+    }
 }
 
 /// Reads `len` bytes from `src` into device memory at `dst` on `device`.

@@ -94,6 +94,34 @@ pub fn configure(config: &Config) {
     drop(surplus);
 }
 
+/// TCP transports alive in the process: while none is, stagers given back are freed.
+static USERS: AtomicUsize = AtomicUsize::new(0);
+
+/// A TCP transport's hold on the process's staging memory: once the last is dropped, idle
+/// stagers (the pool's and [`super::spare_stagers`]) are freed, and so are those given
+/// back later (a connection thread of a stopped server may return its lease late).
+pub(crate) struct StagingUser(());
+
+/// Counts a TCP transport in until the returned hold is dropped.
+pub(crate) fn user() -> StagingUser {
+    USERS.fetch_add(1, Ordering::AcqRel);
+    StagingUser(())
+}
+
+impl Drop for StagingUser {
+    fn drop(&mut self) {
+        if USERS.fetch_sub(1, Ordering::AcqRel) == 1 {
+            trim(Duration::ZERO);
+            super::spare_stagers::trim(Duration::ZERO);
+        }
+    }
+}
+
+/// Whether a TCP transport is alive to use staging memory kept idle.
+pub(crate) fn in_use() -> bool {
+    USERS.load(Ordering::Acquire) > 0
+}
+
 /// Frees the stagers no request checked out for `idle`: a server that went quiet keeps
 /// no pinned memory.
 pub fn trim(idle: Duration) {
@@ -152,7 +180,7 @@ impl Drop for Lease {
         let p = pool();
         let surplus = {
             let mut st = p.state.lock();
-            if st.live > st.max {
+            if st.live > st.max || !in_use() {
                 st.live -= 1;
                 Some(s)
             } else {

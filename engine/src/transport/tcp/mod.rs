@@ -50,6 +50,8 @@ pub struct TcpTransport {
     /// Lanes shared by every link (`MC_TCP_LANE_BUDGET`).
     lanes: Arc<LaneBudget>,
     _server: TcpServer,
+    // Dropped last: stagers the lanes and the server give back when they stop are freed.
+    _staging: crate::device::staging_pool::StagingUser,
 }
 
 impl TcpTransport {
@@ -73,6 +75,7 @@ impl TcpTransport {
         );
         let listener = net::bind_in_range(ip, min, max, 1024).map_err(io(range.clone()))?;
         let data_port = listener.local_addr().map_err(io(range))?.port();
+        let staging = crate::device::staging_pool::user();
         crate::device::staging_pool::configure(config);
         // A lane and a receiver for each lane that may run at once.
         crate::device::spare_stagers::configure(
@@ -89,6 +92,7 @@ impl TcpTransport {
             counters,
             lanes: LaneBudget::new(config.tcp_lane_budget, config.tcp_lanes_per_peer),
             _server: server,
+            _staging: staging,
         })
     }
 
