@@ -8,7 +8,8 @@
 //! work gives its stagers back here, and a thread that needs one takes it from here
 //! before allocating: pinned memory follows the threads moving device memory now, plus at
 //! most [`configure`]'s spares, whatever the number of peers. Spares unused for a while
-//! are freed ([`trim`]): an idle process holds none.
+//! are freed ([`trim`]), and all of them once the last TCP transport is dropped: an idle
+//! process holds none.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
