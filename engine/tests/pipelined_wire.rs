@@ -155,3 +155,97 @@ fn one_request_at_a_time_is_answered_each_time() {
         assert_eq!(got, bytes, "round {i}");
     }
 }
+
+/// Reads sent in one go, as our lanes send them: runs of small reads of host memory,
+/// answered together, broken by reads past the run's bounds (16 requests, 1 MiB), a read
+/// outside every buffer (rejected), a write, and reads too large to join. Every status and
+/// every byte comes back in request order, for v2 and for v1 (no statuses) alike.
+#[test]
+fn reads_sent_in_one_go_come_back_in_order_with_their_own_bytes() {
+    let (_e, buf, data) = target();
+    let fill = pattern(99, LEN);
+    // SAFETY: the buffer is ours and no transfer runs now.
+    unsafe { std::ptr::copy_nonoverlapping(fill.as_ptr(), buf.addr() as *mut u8, LEN) };
+    #[derive(Clone, Copy)]
+    enum Ask {
+        Read(usize, usize),
+        Outside,
+        Write(usize, usize),
+    }
+    let mut asks = Vec::new();
+    // 20 of 4 KiB: more than a run's 16 requests.
+    for i in 0..20 {
+        asks.push(Ask::Read(i * 5000 + 3, 4096));
+    }
+    // 64 KiB each: a run ends at 1 MiB.
+    for i in 0..24 {
+        asks.push(Ask::Read(200_000 + i * 70_000, 64 << 10));
+    }
+    asks.push(Ask::Outside);
+    asks.extend([Ask::Read(17, 1), Ask::Read(LEN - 300_000, 300_000)]);
+    asks.push(Ask::Write(3_000_000, 1000));
+    asks.extend([
+        Ask::Read(3_000_000, 1000),
+        Ask::Read(0, 1 << 20),
+        Ask::Read(5, 700_000),
+    ]);
+    asks.extend([Ask::Read(LEN - 1, 1), Ask::Read(2_000_000, 100)]);
+    let written = pattern(7, 1000);
+    for v2 in [true, false] {
+        let head = |op: OpCode, addr: u64, size: usize| {
+            RequestHeader {
+                size: size as u64,
+                addr,
+                opcode: op,
+                v2,
+            }
+            .encode()
+        };
+        let mut wire = Vec::new();
+        for a in &asks {
+            match *a {
+                Ask::Read(off, n) => wire.extend(head(OpCode::Read, buf.addr() + off as u64, n)),
+                Ask::Outside if v2 => wire.extend(head(OpCode::Read, 0x10, 4096)),
+                // v1 cannot say no: its server closes on a bad range, so none is asked for.
+                Ask::Outside => {}
+                Ask::Write(off, n) => {
+                    wire.extend(head(OpCode::Write, buf.addr() + off as u64, n));
+                    wire.extend_from_slice(&written);
+                }
+            }
+        }
+        let mut s = TcpStream::connect(data).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let sender = {
+            let mut s = s.try_clone().unwrap();
+            std::thread::spawn(move || s.write_all(&wire).unwrap())
+        };
+        let mut expect = fill.clone();
+        for (i, a) in asks.iter().enumerate() {
+            match *a {
+                Ask::Read(off, n) => {
+                    if v2 {
+                        assert_eq!(status(&mut s), Status::Ok, "v2 {v2}: read {i}");
+                    }
+                    let mut got = vec![0u8; n];
+                    s.read_exact(&mut got).unwrap();
+                    assert!(
+                        got == expect[off..off + n],
+                        "v2 {v2}: read {i} brought other bytes"
+                    );
+                }
+                Ask::Outside if v2 => {
+                    assert_eq!(status(&mut s), Status::AddrRejected, "the read outside")
+                }
+                Ask::Outside => {}
+                Ask::Write(off, n) => {
+                    if v2 {
+                        assert_eq!(status(&mut s), Status::Ok, "the write");
+                    }
+                    expect[off..off + n].copy_from_slice(&written);
+                }
+            }
+        }
+        sender.join().unwrap();
+    }
+}

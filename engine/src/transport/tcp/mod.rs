@@ -12,6 +12,7 @@ pub mod client;
 mod cut_reader;
 mod landing;
 mod read_ahead;
+mod read_run;
 pub mod server;
 mod spin;
 

@@ -121,6 +121,12 @@ impl ReadAhead {
         }
     }
 
+    /// Drops the next `n` bytes, looked at with [`peek`](Self::peek) (at most what is
+    /// buffered).
+    pub fn skip(&mut self, n: usize) {
+        self.start += n.min(self.buffered());
+    }
+
     /// The next `N` bytes, left in place, if they are all here.
     pub fn peek<const N: usize>(&self) -> Option<[u8; N]> {
         let bytes = self.buf.get(self.start..self.end)?.get(..N)?;

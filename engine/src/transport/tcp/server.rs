@@ -16,12 +16,13 @@ use parking_lot::Mutex;
 use super::cut_reader::CutStream;
 use super::landing::Landing;
 use super::read_ahead::ReadAhead;
+use super::read_run::more_host_reads;
 use crate::config::Config;
 use crate::conn_limit::ConnLimiter;
 use crate::device::staging::NextSend;
 use crate::device::staging_pool::{self, Lease};
 use crate::log_throttle::LogThrottle;
-use crate::memory::{Abort, MemoryRegistry, Pin, SocketCut};
+use crate::memory::{Abort, MemSpan, MemoryRegistry, Pin, SocketCut};
 use crate::metrics::ConnectionCounters as LinkCounters;
 use crate::net;
 use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN, STATUS_LEN};
@@ -312,7 +313,23 @@ fn serve(
                 statuses.answer(&mut own, status, &ahead)?;
             }
             OpCode::Read => {
-                span.send_to(&stream, statuses.head(status), cut)?;
+                let run = more_host_reads(&mut ahead, h.size, &shared.memory, &holder, &mut last);
+                if run.is_empty() {
+                    span.send_to(&stream, statuses.head(status), cut)?;
+                } else {
+                    let bytes: u64 = h.size + run.iter().map(|(r, _)| r.size).sum::<u64>();
+                    cut.set_deadline(Some(shared.io_timeout + Duration::from_nanos(bytes)));
+                    let mut pieces = vec![(statuses.head(status), Some(span))];
+                    for (r, pin) in &run {
+                        let status: &[u8] = if r.v2 { &ok } else { &[] };
+                        pieces.push((status, pin.span(r.addr, r.size)));
+                    }
+                    MemSpan::send_pieces(&stream, &pieces, cut)?;
+                    for (r, _) in &run {
+                        count_served(&shared.counters, OpCode::Read, r.size);
+                        small = r.size <= super::spin::SMALL_REQUEST;
+                    }
+                }
                 statuses.sent();
             }
         }
