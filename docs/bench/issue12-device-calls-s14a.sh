@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 14 (2026-12-01), prepared for the next device call of issue 12 (nvidia-h200, 16
-# CPUs); not run in session 14: no device machine was lent. One wheel: main (ddef461 or
+# CPUs); not run in session 14: no device machine was lent. One wheel: main (d1cdb29 or
 # later) with docs/bench/issue12-s14-device-reads-out.patch applied, unpacked and stripped
 # into .gpucarry-s14/reads-out (carry it). The patch lets a lane keep 4 reads into device
 # memory out instead of 2, so that the peer's data server finds the next read in time to
@@ -24,7 +24,9 @@ for out in 2 4 2 4; do
         --label "out$out" --rounds 1 --duration 1.5 --rest 0.2 2>&1 \
         | grep -E '^\{|^FAIL' | tee -a "$O/shapes.log"
 done
-# 3. A target per figure (the issue's harness), both settings.
+# 3. A target per figure (the issue's harness), both settings. Then the issue's whole table
+#    against upstream (64 KiB reads now answered in runs: main's d1cdb29), if time is left:
+#    bash docs/bench/issue12-device-calls-s13d.sh with this wheel in place of fin's.
 for out in 2 4; do
     echo "reads out $out"
     MC_PROBE_DEVICE_READS_OUT=$out timeout 80 python3 tests/gpu/gpu_transfer.py main \
