@@ -10,6 +10,7 @@
 
 pub(crate) mod batch;
 pub mod dmabuf;
+mod idle_stagers;
 pub mod ipc;
 pub mod loader;
 pub mod spare_stagers;

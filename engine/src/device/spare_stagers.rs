@@ -12,29 +12,23 @@
 //! process holds none.
 
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::idle_stagers::IdleStagers;
 use super::staging::Stager;
 
 struct Spares {
-    /// Most recently given back last: taken first, their buffers are warmest.
-    kept: Vec<Spare>,
+    kept: IdleStagers,
     max: usize,
-}
-
-struct Spare {
-    device: u32,
-    stager: Stager,
-    since: Instant,
 }
 
 fn spares() -> &'static Mutex<Spares> {
     static SPARES: OnceLock<Mutex<Spares>> = OnceLock::new();
     SPARES.get_or_init(|| {
         Mutex::new(Spares {
-            kept: Vec::new(),
+            kept: IdleStagers::default(),
             max: DEFAULT_MAX,
         })
     })
@@ -50,7 +44,7 @@ pub fn configure(max: usize) {
         let mut s = spares().lock();
         s.max = max;
         let over = s.kept.len().saturating_sub(max);
-        s.kept.drain(..over).collect::<Vec<_>>()
+        s.kept.oldest(over)
     };
     // Freed outside the lock: freeing pinned memory synchronises the device.
     drop(surplus);
@@ -58,9 +52,7 @@ pub fn configure(max: usize) {
 
 /// A spare stager for `device`, if one is kept.
 pub(crate) fn take(device: u32) -> Option<Stager> {
-    let mut s = spares().lock();
-    let i = s.kept.iter().rposition(|k| k.device == device)?;
-    Some(s.kept.remove(i).stager)
+    spares().lock().kept.take(device)
 }
 
 /// Keeps `stager` (settled, holding nothing copied ahead) for the next thread that needs
@@ -72,26 +64,16 @@ pub(crate) fn give_back(device: u32, stager: Stager) {
     }
     let surplus = {
         let mut s = spares().lock();
-        s.kept.push(Spare {
-            device,
-            stager,
-            since: Instant::now(),
-        });
+        s.kept.push(device, stager);
         let over = s.kept.len().saturating_sub(s.max);
-        s.kept.drain(..over).collect::<Vec<_>>()
+        s.kept.oldest(over)
     };
     drop(surplus);
 }
 
 /// Frees the spares given back more than `idle` ago.
 pub fn trim(idle: Duration) {
-    let stale = {
-        let mut s = spares().lock();
-        let fresh = s.kept.iter().position(|k| k.since.elapsed() < idle);
-        // Given back in order: the stale ones lead.
-        let n = fresh.unwrap_or(s.kept.len());
-        s.kept.drain(..n).collect::<Vec<_>>()
-    };
+    let stale = spares().lock().kept.stale(idle);
     drop(stale);
 }
 

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::idle_stagers::IdleStagers;
 use super::staging::{Stager, STAGER_BYTES};
 use crate::config::Config;
 use crate::log_throttle::LogThrottle;
@@ -38,9 +39,8 @@ struct Pool {
 }
 
 struct State {
-    /// Stagers not checked out, with their device and since when; most recently
-    /// returned last.
-    idle: Vec<(u32, Stager, Instant)>,
+    /// Stagers not checked out.
+    idle: IdleStagers,
     /// Stagers in existence (idle or checked out).
     live: usize,
     /// The budget, in stagers.
@@ -55,7 +55,7 @@ fn pool() -> &'static Pool {
         let defaults = Config::default();
         Pool {
             state: Mutex::new(State {
-                idle: Vec::new(),
+                idle: IdleStagers::default(),
                 live: 0,
                 max: stagers_in(defaults.tcp_staging_budget),
                 wait: defaults.tcp_status_timeout,
@@ -79,15 +79,9 @@ pub fn configure(config: &Config) {
         st.max = stagers_in(config.tcp_staging_budget);
         st.wait = config.tcp_status_timeout;
         // A smaller budget frees idle stagers at once, busy ones when returned.
-        let mut surplus = Vec::new();
-        while st.live > st.max {
-            if st.idle.is_empty() {
-                break;
-            }
-            let (_, s, _) = st.idle.remove(0);
-            st.live -= 1;
-            surplus.push(s);
-        }
+        let over = st.live.saturating_sub(st.max);
+        let surplus = st.idle.oldest(over);
+        st.live -= surplus.len();
         surplus
     };
     // Freed outside the lock: freeing synchronises streams.
@@ -127,13 +121,9 @@ pub(crate) fn in_use() -> bool {
 pub fn trim(idle: Duration) {
     let stale = {
         let mut st = pool().state.lock();
-        let n = st
-            .idle
-            .iter()
-            .position(|(.., since)| since.elapsed() < idle)
-            .unwrap_or(st.idle.len());
-        st.live -= n;
-        st.idle.drain(..n).collect::<Vec<_>>()
+        let stale = st.idle.stale(idle);
+        st.live -= stale.len();
+        stale
     };
     // Freed outside the lock: freeing synchronises streams.
     drop(stale);
@@ -184,7 +174,7 @@ impl Drop for Lease {
                 st.live -= 1;
                 Some(s)
             } else {
-                st.idle.push((self.device, s, Instant::now()));
+                st.idle.push(self.device, s);
                 None
             }
         };
@@ -201,8 +191,7 @@ pub(crate) fn checkout(device: u32) -> io::Result<Lease> {
     let mut st = p.state.lock();
     let deadline = Instant::now() + st.wait;
     loop {
-        if let Some(i) = st.idle.iter().rposition(|(d, ..)| *d == device) {
-            let (_, s, _) = st.idle.remove(i);
+        if let Some(s) = st.idle.take(device) {
             drop(st);
             rt.set_device(device).map_err(io::Error::other)?;
             return Ok(Lease {
@@ -228,7 +217,7 @@ pub(crate) fn checkout(device: u32) -> io::Result<Lease> {
         if !st.idle.is_empty() {
             // The budget is spent, partly on idle stagers of another device:
             // free one to make room for this device's.
-            let spare = st.idle.remove(0);
+            let spare = st.idle.oldest(1);
             st.live -= 1;
             drop(st);
             drop(spare);

@@ -1371,20 +1371,18 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
         if landing.device().is_some_and(|d| Some(d) != into_device) {
             landing.settle();
         }
+        let owed = owed_bytes(held.slice());
         if into_device.is_some() {
             // Its last copies are left running in `landing`; the read there before has
             // landed by the time this one's bytes are all read, and is completed then.
-            let owed = owed_bytes(held.slice());
             failure = settle_with(replies, held, &shared, Duration::ZERO, Some(&mut landing));
-            // Its bytes are off the socket (or it failed or was rejected): the lane may ask
-            // for more now, not a chunk later once its copies have landed.
-            pending.done(owed);
         } else {
-            let owed = owed_bytes(held.slice());
             settle_next(replies, held, &shared, &mut failure);
-            // After the reply was read: the lane may now read the next one itself.
-            pending.done(owed);
         }
+        // Its reply was read (a read into device memory: its bytes are off the socket, its
+        // copies may still land), or it failed: the lane may ask for more, or read the next
+        // reply itself.
+        pending.done(owed);
     }
     landing.settle();
 }

@@ -18,6 +18,22 @@ pub const RUN_REQUESTS: usize = 16;
 /// Bytes of data answered in one call at most: a run adds requests while under this.
 pub const RUN_BYTES: u64 = 1 << 20;
 
+/// The next request, if it is buffered whole in `ahead` and reads registered memory: its
+/// header and a pin on that memory. It stays in `ahead`.
+pub fn buffered_read(
+    ahead: &ReadAhead,
+    memory: &MemoryRegistry,
+    holder: &Arc<dyn Abort>,
+    last: &mut Option<Arc<Region>>,
+) -> Option<(RequestHeader, Pin)> {
+    let h = RequestHeader::decode(&ahead.peek::<HEADER_LEN>()?).ok()?;
+    if h.opcode != OpCode::Read {
+        return None;
+    }
+    let pin = memory.pin_near(h.addr, h.size, holder, last)?;
+    Some((h, pin))
+}
+
 /// The requests that follow one of `first` bytes, buffered whole in `ahead` already, that
 /// read registered host memory, while the run stays within [`RUN_REQUESTS`] and
 /// [`RUN_BYTES`]: each taken out of `ahead` with its pin. The first other request (a
@@ -33,19 +49,13 @@ pub fn more_host_reads(
     let mut run = Vec::new();
     let mut bytes = first;
     while run.len() + 1 < RUN_REQUESTS && bytes < RUN_BYTES {
-        let Some(raw) = ahead.peek::<HEADER_LEN>() else {
+        let Some((h, pin)) = buffered_read(ahead, memory, holder, last) else {
             break;
         };
-        let Ok(h) = RequestHeader::decode(&raw) else {
-            break;
-        };
-        if h.opcode != OpCode::Read || bytes.saturating_add(h.size) > RUN_BYTES {
-            break;
-        }
-        let Some(pin) = memory.pin_near(h.addr, h.size, holder, last) else {
-            break;
-        };
-        if pin.region().device.is_some() || pin.span(h.addr, h.size).is_none() {
+        if bytes.saturating_add(h.size) > RUN_BYTES
+            || pin.region().device.is_some()
+            || pin.span(h.addr, h.size).is_none()
+        {
             break;
         }
         ahead.skip(HEADER_LEN);

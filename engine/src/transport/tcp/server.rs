@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use super::cut_reader::CutStream;
 use super::landing::Landing;
 use super::read_ahead::ReadAhead;
-use super::read_run::more_host_reads;
+use super::read_run::{buffered_read, more_host_reads};
 use crate::config::Config;
 use crate::conn_limit::ConnLimiter;
 use crate::device::staging::NextSend;
@@ -327,8 +327,10 @@ fn serve(
                     MemSpan::send_pieces(&stream, &pieces, cut)?;
                     for (r, _) in &run {
                         count_served(&shared.counters, OpCode::Read, r.size);
-                        small = r.size <= super::spin::SMALL_REQUEST;
                     }
+                    small = run
+                        .last()
+                        .is_some_and(|(r, _)| r.size <= super::spin::SMALL_REQUEST);
                 }
                 statuses.sent();
             }
@@ -348,11 +350,7 @@ fn next_read_of(
     holder: &Arc<dyn Abort>,
 ) -> Option<NextSend<Pin>> {
     ahead.fill_without_wait::<HEADER_LEN>(stream);
-    let h = RequestHeader::decode(&ahead.peek::<HEADER_LEN>()?).ok()?;
-    if h.opcode != OpCode::Read {
-        return None;
-    }
-    let pin = memory.pin_near(h.addr, h.size, holder, &mut None)?;
+    let (h, pin) = buffered_read(ahead, memory, holder, &mut None)?;
     (pin.region().device.map(|(_, d)| d) == Some(device)).then_some(NextSend {
         addr: h.addr,
         len: usize::try_from(h.size).ok()?,
