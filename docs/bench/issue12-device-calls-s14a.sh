@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 14 (2026-12-01), prepared for the next device call of issue 12 (nvidia-h200, 16
-# CPUs); not run in session 14: no device machine was lent. One wheel: main (d1cdb29 or
+# CPUs); not run in session 14: no device machine was lent. One wheel: main (b08b9ba or
 # later) with docs/bench/issue12-s14-device-reads-out.patch applied, unpacked and stripped
 # into .gpucarry-s14/reads-out (carry it). The patch lets a lane keep 4 reads into device
 # memory out instead of 2, so that the peer's data server finds the next read in time to
