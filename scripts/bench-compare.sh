@@ -298,7 +298,15 @@ r = {"impl": impl, "case": case, "round": int(rnd)}
 try:
     d = json.loads(line)
 except ValueError:
-    d = {"error": "no result line"}
+    # The process's last words, when it left a file of them (the logs stay on the host).
+    why = ""
+    if len(sys.argv) > 5:
+        try:
+            lines = [l.strip() for l in open(sys.argv[5], errors="replace") if l.strip()]
+            why = lines[-1][:300] if lines else ""
+        except OSError:
+            pass
+    d = {"error": "no result line" + (f": {why}" if why else "")}
 ours = "gb_per_s" in d
 keys = {"gb_per_s": "gbps", "requests_per_s": "req_per_s", "latency_p50_us": "batch_p50_us",
         "latency_p99_us": "batch_p99_us", "cpu_us_per_request": "cpu_us_per_request",
@@ -379,8 +387,8 @@ gh_ours() {  # gh_ours NAME BIN ENV_LIST ROUND
             --protocol=tcp --local_server_name="$HOST" --segment_id="$(IFS=,; echo "${segs[*]:0:$n}")" \
             --operation="$op" --block_size="$bs" --batch_size="$batch" --threads="$th" \
             --buffer_size="$BUFFER_SIZE" --duration="$DURATION" --json </dev/null \
-            2>>"$LOGS/$name-initiator.err" | grep '^{' | tail -n1 || true)"
-        gh_record "$name" "$cname" "$rnd" "$line"
+            2>"$LOGS/$name-initiator-$cname-$rnd.err" | grep '^{' | tail -n1 || true)"
+        gh_record "$name" "$cname" "$rnd" "$line" "$LOGS/$name-initiator-$cname-$rnd.err"
     done
     gh_stop_all
 }

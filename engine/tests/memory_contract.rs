@@ -178,7 +178,18 @@ fn timed_out_read_never_writes_after_the_call(len: usize, guard_pages: usize, li
     let started = Instant::now();
     // SAFETY: the mapping is valid for the call; what happens after is what is tested.
     let result = unsafe { engine.transfer_sync(&peer.session, &[req]) };
-    let took = started.elapsed();
+    assert_timed_out_within(&result, started.elapsed(), limit);
+    // The peer sent half of a slice, then stalled: the call returned in the middle of it.
+    peer.wait_stalled();
+    mem.free_and_reuse();
+    peer.resume_and_finish();
+    mem.assert_untouched();
+    // The engine is still good for other work after cutting its connections.
+    drop(engine);
+}
+
+/// The call failed with a timeout, and returned within `limit`.
+fn assert_timed_out_within(result: &Result<(), EngineError>, took: Duration, limit: Duration) {
     assert!(
         matches!(
             result,
@@ -190,12 +201,43 @@ fn timed_out_read_never_writes_after_the_call(len: usize, guard_pages: usize, li
         "{result:?}"
     );
     assert!(took < limit, "took {took:?}");
-    // The peer sent half of a slice, then stalled: the call returned in the middle of it.
+}
+
+/// A batch of small reads over one lane: the lane sends them as one group and, with
+/// nothing else queued, reads their replies itself (`Conn::send_group_and_settle`) rather
+/// than handing them to its receiver. Half of the first reply comes, then the peer
+/// stalls: the lane's read must be cut at the deadline like the receiver's, and nothing
+/// lands after the call.
+#[test]
+fn a_timed_out_group_of_small_reads_read_by_its_lane_never_writes_into_freed_memory() {
+    let peer = StallingPeer::start();
+    let config = Config {
+        tcp_lanes_per_peer: 1,
+        tcp_caller_conns: 0,
+        ..short_timeout()
+    };
+    let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap();
+    let (reqs, block) = (8, 32 << 10);
+    let mem = Mapping::new(reqs * block, 4 * PAGE, 0);
+    let batch: Vec<Request> = (0..reqs)
+        .map(|i| {
+            let off = (i * block) as u64;
+            Request::new(
+                OpCode::Read,
+                mem.buffer() + off,
+                peer.remote + off,
+                block as u64,
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    // SAFETY: the mapping is valid for the call; what happens after is what is tested.
+    let result = unsafe { engine.transfer_sync(&peer.session, &batch) };
+    assert_timed_out_within(&result, started.elapsed(), Duration::from_secs(5));
     peer.wait_stalled();
     mem.free_and_reuse();
     peer.resume_and_finish();
     mem.assert_untouched();
-    // The engine is still good for other work after cutting its connections.
     drop(engine);
 }
 
