@@ -176,7 +176,8 @@ impl PeerLink {
             let s = shared.clone();
             let r = rx.clone();
             let spawned = std::thread::Builder::new()
-                .name(format!("te-lane-{}-{i}", peer.port()))
+                // Index before port: `perf` and `top` keep 15 characters of a name.
+                .name(format!("te-lane-{i}-{}", peer.port()))
                 .spawn(move || lane(s, r, i));
             match spawned {
                 Ok(t) => threads.push(t),
@@ -833,7 +834,7 @@ impl Conn {
         shared.open.lock().push((id, cut.clone()));
         let (s, r, p) = (shared.clone(), replies.clone(), pending.clone());
         let receiver = std::thread::Builder::new()
-            .name(format!("te-recv-{}", shared.peer.port()))
+            .name(format!("te-recv-{id}-{}", shared.peer.port()))
             .spawn(move || receive(&r, rx, p, s));
         let receiver = match receiver {
             Ok(r) => r,
