@@ -1033,10 +1033,16 @@ impl Conn {
             return;
         }
         if self.write_group(group, shared) {
-            let mut failure: Option<String> = None;
-            for held in group.drain(..) {
-                settle_next(&self.replies, held, shared, &mut failure);
-            }
+            self.settle_all(group, shared);
+        }
+    }
+
+    /// Reads the replies to `group`, in order, on this thread (nothing else owed on the
+    /// connection); once one shows the connection broken, the rest are re-sent or failed.
+    fn settle_all(&self, group: &mut Vec<Held>, shared: &LinkShared) {
+        let mut failure: Option<String> = None;
+        for held in group.drain(..) {
+            settle_next(&self.replies, held, shared, &mut failure);
         }
     }
 
@@ -1050,10 +1056,7 @@ impl Conn {
             }
             return;
         }
-        let mut failure: Option<String> = None;
-        for held in group.drain(..) {
-            settle_next(&self.replies, held, shared, &mut failure);
-        }
+        self.settle_all(group, shared);
     }
 
     /// Waits (in `poll`, with the socket's low mark at what is missing) until `whole`
