@@ -108,6 +108,10 @@ pub struct Config {
     /// 0 to 64, 0 leaves every batch to the lanes; default from the CPUs
     /// ([`caller_conns_for_cpus`]).
     pub tcp_caller_conns: usize,
+    /// `MC_TCP_SAME_HOST_CC` (ours): the congestion control of data connections between two
+    /// addresses of this host (`None`: the system's, `system`); default from the CPUs
+    /// ([`same_host_cc_for_cpus`]).
+    pub tcp_same_host_cc: Option<String>,
     /// `MC_TCP_LINK_IDLE_SEC` (ours): connections and lane threads to a peer are closed
     /// after this long without work (or once the peer is gone); reopened on next use.
     pub tcp_link_idle_timeout: Duration,
@@ -254,6 +258,7 @@ impl Default for Config {
             tcp_pipeline_depth: 16,
             tcp_spin: spin_for_cpus(available_cpus()),
             tcp_caller_conns: caller_conns_for_cpus(available_cpus()),
+            tcp_same_host_cc: same_host_cc_for_cpus(available_cpus()),
             tcp_link_idle_timeout: Duration::from_secs(120),
             metrics_port: None,
             metrics_bind_address: None,
@@ -326,6 +331,18 @@ pub fn caller_conns_for_cpus(cpus: usize) -> usize {
     } else {
         0
     }
+}
+
+/// The default congestion control of same-host data connections: `reno` below 8 CPUs,
+/// the system's from 8 on. reno does not pace; bbr, a common system default, paces each
+/// connection through a timer of its own. On the 2-CPU VM, with reno, batches of 64 KiB
+/// and 4 MiB moved 1.25-1.67x as much and the serving shape 1.3-1.6x. On the 16-CPU GPU
+/// host the serving shape with 4 peers moved 0.89-0.99x as much in 7 rounds of 7, and
+/// batches gained only where reno's build ran after the other in a round (docs/benchmarks.md,
+/// session 16): from 8 CPUs on, callers send their own batches, which reno slowed on both
+/// hosts.
+pub fn same_host_cc_for_cpus(cpus: usize) -> Option<String> {
+    (cpus < 8).then(|| "reno".to_owned())
 }
 
 /// Times a caller waiting for its batch looks for completion, yielding in between, before
@@ -488,6 +505,10 @@ impl Config {
                 return Err(env.error("MC_TCP_CALLER_CONNS", "0 to 64"));
             }
             c.tcp_caller_conns = n;
+        }
+        if let Some(v) = get("MC_TCP_SAME_HOST_CC") {
+            c.tcp_same_host_cc = congestion_control(&v)
+                .ok_or_else(|| env.error("MC_TCP_SAME_HOST_CC", CC_EXPECTED))?;
         }
         if let Some(s) = env.int::<u64>("MC_TCP_LINK_IDLE_SEC", "whole seconds, at least 1")? {
             c.tcp_link_idle_timeout = Duration::from_secs(nonzero("MC_TCP_LINK_IDLE_SEC", s)?);
@@ -778,6 +799,23 @@ fn warn_once(msg: &str) {
     }
 }
 
+const CC_EXPECTED: &str =
+    "system, or the name of a congestion control the kernel has (reno, cubic, bbr, ...)";
+
+/// `MC_TCP_SAME_HOST_CC`'s value: `Some(None)` for `system`, `Some(Some(name))` for a
+/// name the kernel could have (at most 15 letters, digits, `_` or `-`), else `None`.
+fn congestion_control(v: &str) -> Option<Option<String>> {
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("system") {
+        return Some(None);
+    }
+    let name_like = !v.is_empty()
+        && v.len() < 16
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    name_like.then(|| Some(v.to_owned()))
+}
+
 struct Env<'a, F: Fn(&str) -> Option<String>> {
     get: &'a F,
 }
@@ -901,6 +939,7 @@ mod tests {
             ("MC_TCP_LANE_BUDGET", "6"),
             ("MC_TCP_SPIN_US", "20"),
             ("MC_TCP_CALLER_CONNS", "0"),
+            ("MC_TCP_SAME_HOST_CC", "cubic"),
             ("MC_TCP_BIND_ADDRESS", "127.0.0.1"),
             ("MC_LOG_LEVEL", "warning"),
             ("MC_HANDSHAKE_SERVER_TIMEOUT", "3"),
@@ -923,6 +962,7 @@ mod tests {
         assert_eq!(c.tcp_lane_budget, 6);
         assert_eq!(c.tcp_spin, Duration::from_micros(20));
         assert_eq!(c.tcp_caller_conns, 0);
+        assert_eq!(c.tcp_same_host_cc.as_deref(), Some("cubic"));
         assert_eq!(c.log_level, LogLevel::Warning);
         assert_eq!(c.handshake_server_timeout, Duration::from_secs(3));
         assert_eq!(c.handshake_timeout, Duration::from_secs(20));
@@ -1011,6 +1051,18 @@ mod tests {
     }
 
     #[test]
+    fn same_host_congestion_control_is_reno_below_8_cpus_and_system_leaves_it() {
+        assert_eq!(same_host_cc_for_cpus(1).as_deref(), Some("reno"));
+        assert_eq!(same_host_cc_for_cpus(7).as_deref(), Some("reno"));
+        assert_eq!(same_host_cc_for_cpus(8), None);
+        assert_eq!(same_host_cc_for_cpus(16), None);
+        let c = parse(&[("MC_TCP_SAME_HOST_CC", "System")]).unwrap();
+        assert_eq!(c.tcp_same_host_cc, None);
+        let c = parse(&[("MC_TCP_SAME_HOST_CC", "reno")]).unwrap();
+        assert_eq!(c.tcp_same_host_cc.as_deref(), Some("reno"));
+    }
+
+    #[test]
     fn misspelt_port_alias_and_deprecated_lanes_alias_work() {
         let c = parse(&[
             ("MC_MIN_PRC_PORT", "16000"),
@@ -1035,6 +1087,9 @@ mod tests {
             ("MC_TCP_LANE_BUDGET", "0"),
             ("MC_TCP_SPIN_US", "fast"),
             ("MC_TCP_CALLER_CONNS", "65"),
+            ("MC_TCP_SAME_HOST_CC", ""),
+            ("MC_TCP_SAME_HOST_CC", "bbr cubic"),
+            ("MC_TCP_SAME_HOST_CC", "a_name_too_long_for_it"),
             ("MC_TCP_STATUS_TIMEOUT_SEC", "0"),
             ("MC_TCP_BIND_ADDRESS", "localhost"),
             ("MC_METRICS_PORT", "70000"),

@@ -105,6 +105,8 @@ struct LinkShared {
     /// How long a lane looks for a lone small request's reply, and then for the next
     /// request, before sleeping.
     spin: Duration,
+    /// The congestion control of connections to a peer on this host (`MC_TCP_SAME_HOST_CC`).
+    same_host_cc: Option<String>,
     tx: Sender<LaneMsg>,
     dead: Mutex<Option<(Instant, String)>>,
     /// Every open connection, so shutdown can unblock their threads.
@@ -154,6 +156,7 @@ impl PeerLink {
             io_timeout: cfg.tcp_status_timeout,
             depth: cfg.tcp_pipeline_depth,
             spin: cfg.tcp_spin,
+            same_host_cc: cfg.tcp_same_host_cc.clone(),
             tx,
             dead: Mutex::new(None),
             open: Mutex::new(Vec::new()),
@@ -814,6 +817,7 @@ impl Conn {
     fn open(shared: &Arc<LinkShared>, handoff: Handoff) -> io::Result<Self> {
         let stream = TcpStream::connect_timeout(&shared.peer, shared.connect_timeout)?;
         stream.set_nodelay(true)?;
+        super::same_host::tune(&stream, shared.same_host_cc.as_deref());
         stream.set_read_timeout(Some(shared.io_timeout))?;
         stream.set_write_timeout(Some(shared.io_timeout))?;
         let (tx, rx) = match handoff {

@@ -13,6 +13,7 @@ mod cut_reader;
 mod landing;
 mod read_ahead;
 mod read_run;
+mod same_host;
 pub mod server;
 mod spin;
 

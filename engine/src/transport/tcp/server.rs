@@ -46,6 +46,8 @@ struct Shared {
     idle_timeout: Duration,
     /// How long a connection's thread looks for the next request before it sleeps.
     spin: Duration,
+    /// The congestion control of connections from this host (`MC_TCP_SAME_HOST_CC`).
+    same_host_cc: Option<String>,
     refusal_log: LogThrottle,
     idle_log: LogThrottle,
     /// Bytes served are counted here (the transport's counters).
@@ -78,6 +80,7 @@ impl TcpServer {
             ),
             idle_timeout: config.tcp_server_idle_timeout,
             spin: config.tcp_spin,
+            same_host_cc: config.tcp_same_host_cc.clone(),
             refusal_log: LogThrottle::per_second(),
             idle_log: LogThrottle::per_second(),
             counters,
@@ -178,6 +181,7 @@ fn serve(
 ) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
+    super::same_host::tune(&stream, shared.same_host_cc.as_deref());
     stream.set_read_timeout(Some(shared.io_timeout))?;
     stream.set_write_timeout(Some(shared.io_timeout))?;
     let holder: Arc<dyn Abort> = cut.clone();
