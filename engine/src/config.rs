@@ -336,11 +336,12 @@ pub fn caller_conns_for_cpus(cpus: usize) -> usize {
 /// The default congestion control of same-host data connections: `reno` below 8 CPUs,
 /// the system's from 8 on. reno does not pace; bbr, a common system default, paces each
 /// connection through a timer of its own. On the 2-CPU VM, with reno, batches of 64 KiB
-/// and 4 MiB moved 1.25-1.67x as much and the serving shape 1.3-1.6x. On the 16-CPU GPU
-/// host the serving shape with 4 peers moved 0.89-0.99x as much in 7 rounds of 7, and
-/// batches gained only where reno's build ran after the other in a round (docs/benchmarks.md,
-/// session 16): from 8 CPUs on, callers send their own batches, which reno slowed on both
-/// hosts.
+/// and 4 MiB moved 1.02-1.72x as much (64 KiB reads least) and the serving shape
+/// 1.3-1.6x. On the 16-CPU GPU host the serving shape with 4 peers moved 0.89-0.99x as
+/// much in 7 rounds of 7, whether or not the caller connections had reno, and batches
+/// gained only where reno's build ran after the other in a round (docs/benchmarks.md,
+/// session 16). From 8 CPUs on callers send their own batches; on the 2-CPU VM, with
+/// caller connections turned on, reno slowed them too.
 pub fn same_host_cc_for_cpus(cpus: usize) -> Option<String> {
     (cpus < 8).then(|| "reno".to_owned())
 }
