@@ -193,49 +193,6 @@ pub fn same_host(stream: &TcpStream) -> bool {
     }
 }
 
-/// Sets the congestion control `name` on `stream` (`TCP_CONGESTION`).
-pub fn set_congestion_control(stream: &TcpStream, name: &str) -> io::Result<()> {
-    let len = libc::socklen_t::try_from(name.len())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: the option value is `name`'s bytes, through a valid pointer and their length.
-    let rc = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            len,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// The congestion control of `stream`, as the kernel names it.
-pub fn congestion_control(stream: &TcpStream) -> io::Result<String> {
-    let mut name = [0u8; 16];
-    let mut len = name.len() as libc::socklen_t;
-    // SAFETY: the kernel writes at most `len` bytes into `name` and the length into `len`.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let name = name.get(..len as usize).unwrap_or_default();
-    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    Ok(String::from_utf8_lossy(name.get(..end).unwrap_or_default()).into_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,10 +21,17 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::FromRawFd;
 
 use common::pattern;
-use transfer_engine::net::congestion_control;
+use socket2::SockRef;
 use transfer_engine::{Config, HostBuffer, OpCode, Request, TransferEngine};
 
 const LEN: usize = 4 << 20;
+
+/// The congestion control of `stream`, as the kernel names it.
+fn congestion_control(stream: &TcpStream) -> std::io::Result<String> {
+    let name = SockRef::from(stream).tcp_congestion()?;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
 
 /// The congestion control a new loopback connection gets from the system.
 fn system_default() -> String {

@@ -9,6 +9,8 @@
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use socket2::SockRef;
+
 use crate::net;
 
 /// Set once a refusal was logged: one line per process is enough to say why.
@@ -25,7 +27,7 @@ pub(super) fn tune(stream: &TcpStream, cc: Option<&str>) {
     if !net::same_host(stream) {
         return;
     }
-    if let Err(e) = net::set_congestion_control(stream, cc) {
+    if let Err(e) = SockRef::from(stream).set_tcp_congestion(cc.as_bytes()) {
         if !REFUSAL_LOGGED.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 "same-host data connections keep the system's congestion control: the kernel refused {cc:?} ({e}); set MC_TCP_SAME_HOST_CC to one it allows (net.ipv4.tcp_allowed_congestion_control), or to system"
