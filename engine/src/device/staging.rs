@@ -8,6 +8,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::{spare_stagers, DeviceError, Runtime, Stream};
@@ -158,6 +159,10 @@ impl Stager {
             .copied
             .take()
             .filter(|c| copied && chunks > 0 && c.src == src && c.len == size(0));
+        SENDS.fetch_add(1, Ordering::Relaxed);
+        if copied.is_some() {
+            SENDS_COPIED_AHEAD.fetch_add(1, Ordering::Relaxed);
+        }
         self.settle()?;
         let first = copied.map_or(0, |c| c.buf);
         let buf = |k: usize| (first + k) % 2;
@@ -355,4 +360,18 @@ pub fn send_from<G>(
     next: impl FnOnce() -> Option<NextSend<G>>,
 ) -> io::Result<()> {
     with_stager(device, |s| s.send_from(dst, prefix, src, len, copied, next))
+}
+
+/// Sends out of device memory in this process.
+static SENDS: AtomicU64 = AtomicU64::new(0);
+/// Of those, sends whose first chunk was copied out while the send before went.
+static SENDS_COPIED_AHEAD: AtomicU64 = AtomicU64::new(0);
+
+/// (sends out of device memory, of which copied ahead) in this process so far: how often
+/// a send found its first chunk already out of the device (see [`Stager::send_from`]).
+pub fn copy_ahead_counts() -> [u64; 2] {
+    [
+        SENDS.load(Ordering::Relaxed),
+        SENDS_COPIED_AHEAD.load(Ordering::Relaxed),
+    ]
 }

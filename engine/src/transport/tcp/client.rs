@@ -58,6 +58,21 @@ const DEAD_PEER_HOLD: Duration = Duration::from_millis(500);
 /// 64 reads on the 16-core host, which is why reads did not scale with lanes).
 const READ_BYTES_PER_LANE: u64 = 512 << 10;
 
+/// Requests a lane may have out before [`READ_BYTES_PER_LANE`] holds it back: two, or
+/// [`DEVICE_READS_OUT`] while a read into device memory is among them.
+const REQUESTS_OUT: usize = 2;
+
+/// Requests out while a read into device memory is: one. Such reads are cut in stripes of
+/// a staging chunk (2 MiB), so two out kept twice the bytes of host reads in flight on a
+/// connection. On the 16-CPU H200 host (loopback, 4 MiB x 64, cases rotated in one process,
+/// 6 rounds), one out moved GPU-to-GPU reads 1.02-1.22x of two out (0.96 of host reads at
+/// the median, from 0.87), reads into our GPU from host memory 0.98-1.33x (0.98 of host
+/// reads, from 0.84), while four out moved 0.91-0.99x and 0.87-0.95x, and host reads cut in
+/// 2 MiB stripes 0.84-0.88x of 1 MiB ones: the less a connection holds in flight, the faster
+/// on loopback. The peer then never finds the next read waiting to copy ahead out of its
+/// device (docs/benchmarks.md, issue 12, session 17).
+const DEVICE_READS_OUT: usize = 1;
+
 /// Connection counters of every link (and the data server) of one TCP transport.
 pub use crate::metrics::ConnectionCounters as LinkCounters;
 
@@ -1249,7 +1264,7 @@ impl Conn {
             shared.retry_or_fail(held, "connection closed");
             return;
         };
-        let owed = owed_bytes(held.slice());
+        let owed = owed(held.slice());
         self.pending.add(owed);
         if let Err(e) = inflight.send(held) {
             self.pending.done(owed);
@@ -1277,6 +1292,8 @@ impl Drop for Conn {
 #[derive(Default)]
 struct InFlight {
     slices: AtomicUsize,
+    /// Of those, reads into device memory.
+    device_reads: AtomicUsize,
     /// Payload bytes of reads still to come.
     bytes: AtomicU64,
     /// The lane waits in `wait_below` (so `done` must wake it).
@@ -1286,13 +1303,19 @@ struct InFlight {
 }
 
 impl InFlight {
-    fn add(&self, owed: u64) {
+    fn add(&self, owed: Owed) {
         self.slices.fetch_add(1, Ordering::SeqCst);
-        self.bytes.fetch_add(owed, Ordering::SeqCst);
+        if owed.device_read {
+            self.device_reads.fetch_add(1, Ordering::SeqCst);
+        }
+        self.bytes.fetch_add(owed.bytes, Ordering::SeqCst);
     }
 
-    fn done(&self, owed: u64) {
-        self.bytes.fetch_sub(owed, Ordering::SeqCst);
+    fn done(&self, owed: Owed) {
+        self.bytes.fetch_sub(owed.bytes, Ordering::SeqCst);
+        if owed.device_read {
+            self.device_reads.fetch_sub(1, Ordering::SeqCst);
+        }
         self.slices.fetch_sub(1, Ordering::SeqCst);
         // SeqCst with `wait_below`: either the lane sees the smaller count, or we see it
         // waiting and wake it.
@@ -1308,11 +1331,16 @@ impl InFlight {
     }
 
     fn over(&self, cap: u64) -> bool {
-        self.slices.load(Ordering::SeqCst) >= 2 && self.bytes.load(Ordering::SeqCst) >= cap
+        let out = if self.device_reads.load(Ordering::SeqCst) > 0 {
+            DEVICE_READS_OUT
+        } else {
+            REQUESTS_OUT
+        };
+        self.slices.load(Ordering::SeqCst) >= out && self.bytes.load(Ordering::SeqCst) >= cap
     }
 
-    /// Waits while more than two requests and at least `cap` bytes of reads are owed, and
-    /// the connection is not `broken`.
+    /// Waits while [`REQUESTS_OUT`] requests (or [`DEVICE_READS_OUT`]) and at least `cap`
+    /// bytes of reads are owed, and the connection is not `broken`.
     fn wait_below(&self, cap: u64, broken: &AtomicBool) {
         if !self.over(cap) {
             return;
@@ -1367,6 +1395,22 @@ fn write_bytes(slice: &Slice) -> u64 {
     }
 }
 
+/// What the peer owes for a slice once its request is sent.
+#[derive(Debug, Clone, Copy)]
+struct Owed {
+    /// A read's data.
+    bytes: u64,
+    /// It is a read into device memory.
+    device_read: bool,
+}
+
+fn owed(slice: &Slice) -> Owed {
+    Owed {
+        bytes: owed_bytes(slice),
+        device_read: slice.op == OpCode::Read && slice.local_device.is_some(),
+    }
+}
+
 /// Bytes the peer still owes for a slice once its request is sent: a read's data.
 fn owed_bytes(slice: &Slice) -> u64 {
     match slice.op {
@@ -1409,7 +1453,7 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
         if landing.device().is_some_and(|d| Some(d) != into_device) {
             landing.settle();
         }
-        let owed = owed_bytes(held.slice());
+        let owed = owed(held.slice());
         if into_device.is_some() {
             // Its last copies are left running in `landing`; the read there before has
             // landed by the time this one's bytes are all read, and is completed then.
