@@ -69,8 +69,9 @@ const REQUESTS_OUT: usize = 2;
 /// the median, from 0.87), reads into our GPU from host memory 0.98-1.33x (0.98 of host
 /// reads, from 0.84), while four out moved 0.91-0.99x and 0.87-0.95x, and host reads cut in
 /// 2 MiB stripes 0.84-0.88x of 1 MiB ones: the less a connection holds in flight, the faster
-/// on loopback. The peer then never finds the next read waiting to copy ahead out of its
-/// device (docs/benchmarks.md, issue 12, session 17).
+/// on loopback. Between hosts it is not measured; the lanes together still hold 2 MiB each,
+/// as host reads do. The peer then never finds the next read waiting to copy ahead out of
+/// its device (docs/benchmarks.md, issue 12, session 17).
 const DEVICE_READS_OUT: usize = 1;
 
 /// Connection counters of every link (and the data server) of one TCP transport.
