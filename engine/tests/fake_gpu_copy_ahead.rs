@@ -14,7 +14,7 @@ mod fake_gpu;
 use fake_gpu::{
     device_buffer, device_bytes, engine, install_fake, pattern, queued, requests, stats,
 };
-use transfer_engine::device::staging::{send_counts, CHUNK, FIRST_PIECE};
+use transfer_engine::device::staging::{copy_ahead_counts, CHUNK};
 use transfer_engine::device::Vendor;
 use transfer_engine::{HostBuffer, OpCode, Request, TransferEngine};
 
@@ -30,15 +30,6 @@ const SIZES: [usize; 9] = [
     CHUNK + 1,
     65536,
 ];
-
-/// Sends of these sizes whose first chunk may come out of the device in two copies, its
-/// head first: those above [`FIRST_PIECE`] (a first chunk copied ahead goes in one).
-fn heads_that_may_go_first(sizes: &[usize]) -> u64 {
-    sizes
-        .iter()
-        .filter(|&&l| l.min(CHUNK) > FIRST_PIECE)
-        .count() as u64
-}
 
 /// The fake's copy counters and queues are process-wide: one test at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -126,14 +117,12 @@ fn back_to_back_device_writes_send_their_own_bytes_each_chunk_copied_once() {
     // checked against the bytes it found, below.
     let before = stats();
     // SAFETY: every local buffer is test-owned and outlives both batches (both waited for).
-    let counts = send_counts();
     let one = unsafe { initiator.submit(&seg, &batch_one) }.unwrap();
     // SAFETY: as above.
     let two = unsafe { initiator.submit(&seg, &batch_two) }.unwrap();
     one.wait().unwrap();
     two.wait().unwrap();
     let after = stats();
-    let head_first = send_counts().head_first - counts.head_first;
 
     let landed = dst.to_vec();
     let wrong = landed.iter().zip(&data).position(|(a, b)| a != b);
@@ -149,15 +138,10 @@ fn back_to_back_device_writes_send_their_own_bytes_each_chunk_copied_once() {
     );
     let chunks: usize =
         sizes.iter().map(|l| l.div_ceil(CHUNK)).sum::<usize>() + read_len.div_ceil(CHUNK);
-    assert!(
-        head_first <= heads_that_may_go_first(&sizes),
-        "{head_first} sends copied a head apart"
-    );
     assert_eq!(
         (after[1] - before[1]) as usize,
-        chunks + head_first as usize,
-        "async copies: one per staging chunk of the device writes and of the read, and one \
-         per head sent ahead of its chunk"
+        chunks,
+        "async copies: one per staging chunk of the device writes and of the read"
     );
     assert_eq!(
         queued(),
@@ -245,14 +229,12 @@ fn back_to_back_reads_out_of_device_memory_send_their_own_bytes_each_chunk_copie
     let (first, rest) = reads.split_at(5);
     let before = stats();
     // SAFETY: `back` is test-owned and outlives both batches (both waited for).
-    let counts = send_counts();
     let one = unsafe { initiator.submit(&seg, first) }.unwrap();
     // SAFETY: as above.
     let two = unsafe { initiator.submit(&seg, rest) }.unwrap();
     one.wait().unwrap();
     two.wait().unwrap();
     let after = stats();
-    let head_first = send_counts().head_first - counts.head_first;
     let got = back.to_vec();
     let wrong = got[..total].iter().zip(&data).position(|(a, b)| a != b);
     assert_eq!(
@@ -265,15 +247,10 @@ fn back_to_back_reads_out_of_device_memory_send_their_own_bytes_each_chunk_copie
         "the host read came back wrong"
     );
     let chunks: usize = sizes.iter().map(|l| l.div_ceil(CHUNK)).sum();
-    assert!(
-        head_first <= heads_that_may_go_first(&sizes),
-        "{head_first} sends copied a head apart"
-    );
     assert_eq!(
         (after[1] - before[1]) as usize,
-        chunks + head_first as usize,
-        "async copies: one per staging chunk of the device reads, and one per head sent \
-         ahead of its chunk"
+        chunks,
+        "async copies: one per staging chunk of the device reads"
     );
     assert_eq!(
         queued(),
@@ -313,7 +290,6 @@ fn a_raw_peer_cannot_make_the_server_copy_ahead_outside_registered_device_memory
     asks.extend_from_slice(&read(dev + half, len as u64));
     asks.extend_from_slice(&read(dev, 4096));
     let before = stats();
-    let counts = send_counts();
     let mut peer = std::net::TcpStream::connect(("127.0.0.1", target.data_port())).unwrap();
     peer.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
@@ -339,16 +315,10 @@ fn a_raw_peer_cannot_make_the_server_copy_ahead_outside_registered_device_memory
     peer.read_exact(&mut third).unwrap();
     assert!(third == data[..4096], "the third read sent other bytes");
     let after = stats();
-    let head_first = send_counts().head_first - counts.head_first;
-    assert!(
-        head_first <= 1,
-        "only the first read is above a head's size"
-    );
     assert_eq!(
         after[1] - before[1],
-        2 + head_first,
-        "async copies: one for each valid read (and its head, sent apart), none for the \
-         rejected one"
+        2,
+        "async copies: one for each valid read, none for the rejected one"
     );
 }
 
@@ -379,7 +349,7 @@ fn a_lane_keeps_one_read_into_device_memory_out_at_a_time() {
     initiator.register_memory(back, len as u64, "*").unwrap();
     let seg = target.session_id().to_string();
     let reads = requests(OpCode::Read, back, src, N, CHUNK);
-    let before = send_counts();
+    let before = copy_ahead_counts();
     for _ in 0..BATCHES {
         // SAFETY: `back` is test-owned and outlives the batch (waited for).
         unsafe { initiator.submit(&seg, &reads) }
@@ -387,22 +357,15 @@ fn a_lane_keeps_one_read_into_device_memory_out_at_a_time() {
             .wait()
             .unwrap();
     }
-    let after = send_counts();
+    let after = copy_ahead_counts();
     assert!(
         device_bytes(back, len) == data,
         "the reads brought other bytes back"
     );
-    let sends = after.sends - before.sends;
-    let ahead = after.copied_ahead - before.copied_ahead;
+    let (sends, ahead) = (after[0] - before[0], after[1] - before[1]);
     assert_eq!(sends, BATCHES * N as u64, "sends out of device memory");
     assert_eq!(
         ahead, 0,
         "{ahead} of {sends} reads found the next read's request already there: a lane had more than one out"
-    );
-    // Nothing copied ahead: each chunk's head went to the socket before its rest was out.
-    assert_eq!(
-        after.head_first - before.head_first,
-        sends,
-        "sends whose head went ahead of the rest of their chunk"
     );
 }

@@ -19,13 +19,6 @@ use super::{spare_stagers, DeviceError, Runtime, Stream};
 /// ones and a third chunk in flight moved less (docs/benchmarks.md, session 12).
 pub const CHUNK: usize = 2 << 20;
 
-/// Bytes of a send's first chunk copied out of device memory on their own when nothing was
-/// copied ahead: the socket gets them while the rest of the chunk comes out on the other
-/// stream, instead of waiting for the whole chunk. A lane keeps one read into device memory
-/// out (`DEVICE_READS_OUT`), so a target never copies the next read's chunk ahead and each
-/// read's reply waited for a whole 2 MiB copy before its first byte went.
-pub const FIRST_PIECE: usize = 256 << 10;
-
 /// Pinned bytes one [`Stager`] holds.
 pub const STAGER_BYTES: usize = 2 * CHUNK;
 
@@ -176,35 +169,14 @@ impl Stager {
         let mut next = Some(next);
         let mut next_copied = None;
         let mut guard = None;
-        // Bytes of the first chunk sent ahead of its rest (see FIRST_PIECE).
-        let head = if chunks > 0 && copied.is_none() && size(0) > FIRST_PIECE {
-            FIRST_PIECE
-        } else {
-            0
-        };
-        if head > 0 {
-            SENDS_HEAD_FIRST.fetch_add(1, Ordering::Relaxed);
-        }
         let result = (|| {
-            if head > 0 {
-                // Both buffers are free: nothing was copied ahead, and all is settled.
-                let b = buf(0);
-                self.issue_out_on(b, b, 0, src, head)?;
-                self.issue_out_on(b ^ 1, b, head, src + head as u64, size(0) - head)?;
-            } else if chunks > 0 && copied.is_none() {
+            if chunks > 0 && copied.is_none() {
                 self.issue_out(buf(0), src, size(0))?;
             }
             dst.write_all(prefix)?;
             for k in 0..chunks {
                 let b = buf(k);
                 self.wait(b)?;
-                let sent = if k == 0 { head } else { 0 };
-                if sent > 0 {
-                    // SAFETY: the copy of the chunk's head into bufs[b] has completed.
-                    dst.write_all(unsafe { std::slice::from_raw_parts(self.bufs[b], sent) })?;
-                    // The rest of the chunk, copied on the other buffer's stream.
-                    self.wait(b ^ 1)?;
-                }
                 // One copy at a time: two issued together share the copy engine and the
                 // first lands later, while one copy takes a fraction of a chunk's send.
                 if k + 1 < chunks {
@@ -219,9 +191,9 @@ impl Stager {
                     });
                     guard = Some(n.guard);
                 }
-                // SAFETY: the copies into bufs[b] have completed (streams synchronised).
+                // SAFETY: the copy into bufs[b] has completed (stream synchronised).
                 let chunk = unsafe { std::slice::from_raw_parts(self.bufs[b], size(k)) };
-                dst.write_all(&chunk[sent..])?;
+                dst.write_all(chunk)?;
             }
             Ok(())
         })();
@@ -243,27 +215,13 @@ impl Stager {
 
     /// Copies `n` bytes of device memory at `src` into buffer `b`, which is free.
     fn issue_out(&mut self, b: usize, src: u64, n: usize) -> io::Result<()> {
-        self.issue_out_on(b, b, 0, src, n)
-    }
-
-    /// Copies `n` bytes of device memory at `src` into buffer `b` at `at`, on stream
-    /// `s`: that part of the buffer is free, and a wait for stream `s` covers the copy.
-    fn issue_out_on(
-        &mut self,
-        s: usize,
-        b: usize,
-        at: usize,
-        src: u64,
-        n: usize,
-    ) -> io::Result<()> {
-        debug_assert!(at + n <= CHUNK);
-        // SAFETY: src..+n lies in the caller's device range; bufs[b][at..at + n] is free.
+        // SAFETY: src..+n lies in the caller's device range; bufs[b] is free.
         unsafe {
             self.rt
-                .copy_async(self.bufs[b].add(at), src as *const u8, n, self.streams[s])
+                .copy_async(self.bufs[b], src as *const u8, n, self.streams[b])
         }
         .map_err(io::Error::other)?;
-        self.pending[s] = true;
+        self.pending[b] = true;
         Ok(())
     }
 }
@@ -408,25 +366,12 @@ pub fn send_from<G>(
 static SENDS: AtomicU64 = AtomicU64::new(0);
 /// Of those, sends whose first chunk was copied out while the send before went.
 static SENDS_COPIED_AHEAD: AtomicU64 = AtomicU64::new(0);
-/// Of those, sends whose first chunk's head went ahead of its rest ([`FIRST_PIECE`]).
-static SENDS_HEAD_FIRST: AtomicU64 = AtomicU64::new(0);
 
-/// How this process's sends out of device memory went so far (see [`Stager::send_from`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SendCounts {
-    /// Sends out of device memory.
-    pub sends: u64,
-    /// Of those, sends that found their first chunk already out of the device.
-    pub copied_ahead: u64,
-    /// Of those, sends whose first chunk came out in two copies, its head sent first.
-    pub head_first: u64,
-}
-
-/// See [`SendCounts`].
-pub fn send_counts() -> SendCounts {
-    SendCounts {
-        sends: SENDS.load(Ordering::Relaxed),
-        copied_ahead: SENDS_COPIED_AHEAD.load(Ordering::Relaxed),
-        head_first: SENDS_HEAD_FIRST.load(Ordering::Relaxed),
-    }
+/// (sends out of device memory, of which copied ahead) in this process so far: how often
+/// a send found its first chunk already out of the device (see [`Stager::send_from`]).
+pub fn copy_ahead_counts() -> [u64; 2] {
+    [
+        SENDS.load(Ordering::Relaxed),
+        SENDS_COPIED_AHEAD.load(Ordering::Relaxed),
+    ]
 }
