@@ -75,6 +75,10 @@ const STREAM_NON_BLOCKING: c_uint = 1;
 /// (offset 4) are read.
 const POINTER_ATTRIBUTES_SPACE: usize = 256;
 
+/// `cudaErrorNotReady`: a stream query found work still running. (A runtime that numbers
+/// it otherwise, as CUDA before 10 did, is waited for by synchronising instead.)
+const ERROR_NOT_READY: Status = 600;
+
 type Status = c_int;
 pub(crate) type Stream = *mut c_void;
 
@@ -95,6 +99,8 @@ struct Api {
     get_last_error: unsafe extern "C" fn() -> Status,
     /// Optional: a runtime without it gives GPUs without PCI placement.
     device_get_pci_bus_id: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Status>,
+    /// Optional: without it every wait for a stream synchronises it.
+    stream_query: Option<unsafe extern "C" fn(Stream) -> Status>,
 }
 
 /// A loaded runtime library.
@@ -281,6 +287,25 @@ impl Runtime {
         })
     }
 
+    /// Waits for the work queued on `s` so far, giving the CPU to other threads between
+    /// queries. [`stream_sync`](Self::stream_sync) spins in the runtime while a copy runs
+    /// (on a host with more CPUs than GPU contexts); a data server's threads that wait so
+    /// for their copies out of the GPU kept CPUs from the threads moving bytes.
+    pub(crate) fn stream_sync_yielding(&self, s: Stream) -> Result<(), DeviceError> {
+        let Some(query) = self.api.stream_query else {
+            return self.stream_sync(s);
+        };
+        loop {
+            // SAFETY: `s` came from `stream_create`.
+            match unsafe { query(s) } {
+                0 => return Ok(()),
+                ERROR_NOT_READY => std::thread::yield_now(),
+                // A failure (or a "not ready" numbered otherwise): synchronising reports it.
+                _ => return self.stream_sync(s),
+            }
+        }
+    }
+
     pub(crate) fn stream_destroy(&self, s: Stream) {
         // SAFETY: `s` came from `stream_create` and is not used afterwards.
         unsafe { (self.api.stream_destroy)(s) };
@@ -383,6 +408,7 @@ fn resolve(lib: &Library, prefix: &str) -> Result<Api, MissingSymbol> {
         get_error_string: sym(lib, &n("GetErrorString"))?,
         get_last_error: sym(lib, &n("GetLastError"))?,
         device_get_pci_bus_id: sym(lib, &n("DeviceGetPCIBusId")).ok(),
+        stream_query: sym(lib, &n("StreamQuery")).ok(),
     })
 }
 

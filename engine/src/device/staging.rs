@@ -123,19 +123,30 @@ impl Stager {
 
     /// Waits for every copy still running: the bytes received so far have landed.
     pub(crate) fn settle(&mut self) -> io::Result<()> {
-        let first = self.wait(0);
-        first.and(self.wait(1))
+        self.settle_as(Wait::Spin)
     }
 
     /// Waits for the copy out of buffer `b`, if one runs.
     fn wait(&mut self, b: usize) -> io::Result<()> {
+        self.wait_as(b, Wait::Spin)
+    }
+
+    fn wait_as(&mut self, b: usize, how: Wait) -> io::Result<()> {
         if !self.pending[b] {
             return Ok(());
         }
         self.pending[b] = false;
-        self.rt
-            .stream_sync(self.streams[b])
-            .map_err(io::Error::other)
+        let s = self.streams[b];
+        match how {
+            Wait::Spin => self.rt.stream_sync(s),
+            Wait::Yield => self.rt.stream_sync_yielding(s),
+        }
+        .map_err(io::Error::other)
+    }
+
+    fn settle_as(&mut self, how: Wait) -> io::Result<()> {
+        let first = self.wait_as(0, how);
+        first.and(self.wait_as(1, how))
     }
 
     /// Writes `prefix`, then `len` bytes of device memory at `src`, to `dst`. With
@@ -163,7 +174,11 @@ impl Stager {
         if copied.is_some() {
             SENDS_COPIED_AHEAD.fetch_add(1, Ordering::Relaxed);
         }
-        self.settle()?;
+        // A send waits for its copies out of the device yielding: a data server's
+        // threads send while others copy, and spinning in the runtime took CPUs from them
+        // (reads out of GPU memory moved 1.03x, docs/benchmarks.md, session 18).
+        let how = Wait::Yield;
+        self.settle_as(how)?;
         let first = copied.map_or(0, |c| c.buf);
         let buf = |k: usize| (first + k) % 2;
         let mut next = Some(next);
@@ -176,7 +191,7 @@ impl Stager {
             dst.write_all(prefix)?;
             for k in 0..chunks {
                 let b = buf(k);
-                self.wait(b)?;
+                self.wait_as(b, how)?;
                 // One copy at a time: two issued together share the copy engine and the
                 // first lands later, while one copy takes a fraction of a chunk's send.
                 if k + 1 < chunks {
@@ -199,7 +214,7 @@ impl Stager {
         })();
         // Copies still running read device memory (the next range's first chunk) or fill
         // buffers about to be reused or freed: settled, whatever happened.
-        let settled = self.settle();
+        let settled = self.settle_as(how);
         drop(guard);
         let result = result.and(settled);
         if result.is_ok() {
@@ -224,6 +239,15 @@ impl Stager {
         self.pending[b] = true;
         Ok(())
     }
+}
+
+/// How a wait for a stream's copies waits.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// Synchronises the stream (the runtime spins while the copy runs).
+    Spin,
+    /// Queries the stream, yielding the CPU between queries.
+    Yield,
 }
 
 /// Device memory sent next from the same stager (see [`Stager::send_from`]); `guard`

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Session 18 probe (issue 12): does a send out of device memory move faster when its
-first chunk's head (MC_PROBE_FIRST_PIECE bytes, 0 for none) goes to the socket while the
-rest of the chunk is still being copied out? Needs the wheel of
-docs/bench/issue12-s18-probe.patch, which reads the head's size at each send. Reads out of
-the target's GPU: the target sends, so one GPU target per head size (the variable set
-when it starts), all kept; writes out of our GPU: we send, so the variable is set here per
-case. One initiator; host-to-host reads and writes as the reference; the cases of a round
-run in a rotated order; one JSON line per figure; bytes of GPU-to-GPU reads and writes
-verified at the end against every target.
+"""Session 18 probes (issue 12): one setting that acts on the side that copies out of (or
+into) device memory, compared in one run. A probe wheel reads the setting from the
+environment variable --var at each use. Reads out of the target's GPU: the target acts,
+so one GPU target per value (the variable set when it starts), all kept; writes out of our
+GPU: both sides act, so each write case sets the value here and writes to the target
+started with it. One initiator; host-to-host reads and writes as the reference; the cases
+of a round run in a rotated order; one JSON line per figure; bytes of GPU-to-GPU reads and
+writes verified at the end against every target.
 
-    python3 issue12-s18-head.py [--duration 2] [--rounds 6] [--heads 0,131072,262144,524288]
+Call 1 (docs/bench/issue12-s18-probe.patch): --var MC_PROBE_FIRST_PIECE --values
+0,131072,262144,524288 --write-values 0,262144 (its lines name the value "head").
+Call 2 (docs/bench/issue12-s18b-probe.patch): --var MC_PROBE_WAIT --values 0,1,2,3
+--write-values 0,1,2.
+
+    python3 issue12-s18-knob.py --var VAR --values A,B,.. --write-values A,.. [--duration 2] [--rounds 6]
 """
 import argparse
 import json
@@ -22,12 +26,12 @@ import gpu_transfer as g  # noqa: E402
 import torch  # noqa: E402
 
 BLOCK, BATCH = g.BLOCK, g.BATCH
-VAR = "MC_PROBE_FIRST_PIECE"
 
 
 def main(a):
     size = BLOCK * BATCH
-    heads = [int(h) for h in a.heads.split(",")]
+    VAR = a.var
+    values = [int(h) for h in a.values.split(",")]
     e = g.new_engine()
     local = {}
     for mem in ("cpu", "cuda"):
@@ -36,21 +40,21 @@ def main(a):
         assert e.register_memory(buf.data_ptr(), size, "*") == 0
         local[mem] = buf
     targets = {"cpu": g.Target("cpu", size, seed=1)}
-    for h in heads:
+    for h in values:
         os.environ[VAR] = str(h)
         targets[h] = g.Target("cuda", size, seed=1)
     os.environ.pop(VAR, None)
-    # (name, op, our memory, target, head here)
+    # (name, op, our memory, target, value set here)
     cases = [("host-read", "read", "cpu", "cpu", None)]
-    cases += [("gpu-gpu-read", "read", "cuda", h, None) for h in heads]
+    cases += [("gpu-gpu-read", "read", "cuda", h, None) for h in values]
     cases += [("host-write", "write", "cpu", "cpu", None)]
-    cases += [("gpu-gpu-write", "write", "cuda", heads[-1], h) for h in (heads[0], a.write_head)]
+    cases += [("gpu-gpu-write", "write", "cuda", int(h), int(h)) for h in a.write_values.split(",")]
     for r in range(a.rounds):
         k = r % len(cases)
-        for name, op, here, there, head in cases[k:] + cases[:k]:
+        for name, op, here, there, mine in cases[k:] + cases[:k]:
             os.environ.pop(VAR, None)
-            if head is not None:
-                os.environ[VAR] = str(head)
+            if mine is not None:
+                os.environ[VAR] = str(mine)
             t = targets[there]
             seg, remote = t.info["session"], t.info["addr"]
             bufs = [local[here].data_ptr() + i * BLOCK for i in range(BATCH)]
@@ -67,14 +71,14 @@ def main(a):
             secs = time.perf_counter() - start
             busy, total = (b - a for a, b in zip(ticks, g.cpu_ticks()))
             print(json.dumps({"round": r, "case": name,
-                              "head": head if head is not None else there,
+                              "value": mine if mine is not None else there,
                               "gbps": round(n * BATCH * BLOCK / secs / 1e9, 2),
                               "cpu_busy": round(busy / max(total, 1), 3)}), flush=True)
     os.environ.pop(VAR, None)
     back = torch.zeros(size, dtype=torch.uint8, device=g.GPU)
     assert e.register_memory(back.data_ptr(), size, "*") == 0
     mine = [back.data_ptr() + i * BLOCK for i in range(BATCH)]
-    for h in heads:
+    for h in values:
         t = targets[h]
         seg, remote = t.info["session"], t.info["addr"]
         peers = [remote + i * BLOCK for i in range(BATCH)]
@@ -89,7 +93,7 @@ def main(a):
         rc2 = e.batch_transfer_sync_read(seg, mine, peers, [BLOCK] * BATCH)
         g.sync()
         g.check(rc == 0 and rc2 == 0 and torch.equal(back, fresh),
-                f"GPU -> GPU writes and GPU <- GPU reads with head {h}, bytes verified")
+                f"GPU -> GPU writes and GPU <- GPU reads with {VAR}={h}, bytes verified")
         assert e.unregister_memory(fresh.data_ptr()) == 0
     for t in targets.values():
         t.close()
@@ -99,6 +103,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--heads", default="0,131072,262144,524288")
-    ap.add_argument("--write-head", type=int, default=262144)
+    ap.add_argument("--var", required=True)
+    ap.add_argument("--values", required=True)
+    ap.add_argument("--write-values", required=True)
     main(ap.parse_args())
