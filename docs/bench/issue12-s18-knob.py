@@ -11,7 +11,8 @@ writes verified at the end against every target.
 Call 1 (docs/bench/issue12-s18-probe.patch): --var MC_PROBE_FIRST_PIECE --values
 0,131072,262144,524288 --write-values 0,262144 (its lines name the value "head").
 Call 2 (docs/bench/issue12-s18b-probe.patch): --var MC_PROBE_WAIT --values 0,1,2,3
---write-values 0,1,2.
+--write-values 0,1,2. Call 3 (docs/bench/issue12-s18c-probe.patch): --var MC_PROBE_WAIT
+--values 0,3,4 --write-values 0,3,4.
 
     python3 issue12-s18-knob.py --var VAR --values A,B,.. --write-values A,.. [--duration 2] [--rounds 6]
 """

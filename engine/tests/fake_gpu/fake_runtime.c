@@ -345,6 +345,34 @@ static void run_queued(void *s) {
     }
 }
 int API(StreamSynchronize)(void *s) { run_queued(s); return 0; }
+/* Stream queries, and of those, the ones that found copies still queued. */
+static uint64_t queries, queries_not_ready;
+/* As a GPU's: a stream with copies queued is not ready (cudaErrorNotReady, or
+ * FAKE_NOT_READY_RC where a runtime numbers it otherwise); its copies run on the query
+ * after that (taking FAKE_COPY_DELAY_US, as in a synchronisation), which finds it ready. */
+static int queried_once[MAX_STREAMS];
+int API(StreamQuery)(void *s) {
+    pthread_mutex_lock(&lock);
+    int i = 0;
+    while (i < MAX_STREAMS && !(s && streams[i] == s)) i++;
+    int wait = i < MAX_STREAMS && queued[i] && !queried_once[i];
+    if (i < MAX_STREAMS) queried_once[i] = wait;
+    pthread_mutex_unlock(&lock);
+    __atomic_add_fetch(&queries, 1, __ATOMIC_RELAXED);
+    if (i == MAX_STREAMS) return 400; /* cudaErrorInvalidResourceHandle */
+    if (wait) {
+        __atomic_add_fetch(&queries_not_ready, 1, __ATOMIC_RELAXED);
+        const char *rc = getenv("FAKE_NOT_READY_RC");
+        return rc ? atoi(rc) : 600;
+    }
+    run_queued(s);
+    return 0;
+}
+/* Test hook: stream queries, of which found copies still queued. */
+void fake_gpu_queries(uint64_t out[2]) {
+    out[0] = __atomic_load_n(&queries, __ATOMIC_RELAXED);
+    out[1] = __atomic_load_n(&queries_not_ready, __ATOMIC_RELAXED);
+}
 int API(StreamDestroy)(void *s) {
     run_queued(s);
     pthread_mutex_lock(&lock);

@@ -67,6 +67,11 @@ pub fn queued() -> u64 {
     hook::<1>(b"fake_gpu_queued")[0]
 }
 
+/// (stream queries, of which found copies still queued) counted by the fake.
+pub fn queries() -> [u64; 2] {
+    hook(b"fake_gpu_queries")
+}
+
 /// (`MemcpyBatchAsync` calls, copies made by them) counted by the fake.
 pub fn batch_stats() -> [u64; 2] {
     hook(b"fake_gpu_batch_stats")
