@@ -75,8 +75,9 @@ const STREAM_NON_BLOCKING: c_uint = 1;
 /// (offset 4) are read.
 const POINTER_ATTRIBUTES_SPACE: usize = 256;
 
-/// `cudaErrorNotReady`: a stream query found work still running. (A runtime that numbers
-/// it otherwise, as CUDA before 10 did, is waited for by synchronising instead.)
+/// `cudaErrorNotReady` / `musaErrorNotReady`: a stream query found work still running. (A
+/// runtime that numbers it otherwise, as CUDA before 10 did, is waited for by
+/// synchronising instead.)
 const ERROR_NOT_READY: Status = 600;
 
 type Status = c_int;
