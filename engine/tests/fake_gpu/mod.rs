@@ -199,6 +199,7 @@ pub fn moves_device_memory_both_ways(vendor: Vendor) {
     target.register_memory(dst, len as u64, "*").unwrap();
     initiator.register_memory(src, len as u64, "*").unwrap();
     let before = stats();
+    let queries_before = queries();
     let seg = target.session_id().to_string();
     let w = Request {
         op: OpCode::Write,
@@ -243,5 +244,13 @@ pub fn moves_device_memory_both_ways(vendor: Vendor) {
         "expected staged async copies, got {:?} -> {:?}",
         before,
         after
+    );
+    // Three sends out of device memory (the write, and the target's replies to both reads),
+    // each waiting for its copies by querying its stream (the vendor's `StreamQuery`).
+    let not_ready = queries()[1] - queries_before[1];
+    assert!(
+        not_ready >= 3 * chunks,
+        "{vendor:?}: sends out of device memory found their copies running at {not_ready} \
+         stream queries, fewer than one a chunk"
     );
 }
