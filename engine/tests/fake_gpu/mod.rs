@@ -67,9 +67,9 @@ pub fn queued() -> u64 {
     hook::<1>(b"fake_gpu_queued")[0]
 }
 
-/// (stream queries, of which found copies still queued) counted by the fake.
-pub fn queries() -> [u64; 2] {
-    hook(b"fake_gpu_queries")
+/// Stream queries that found copies still queued ("not ready"), counted by the fake.
+pub fn queries_not_ready() -> u64 {
+    hook::<1>(b"fake_gpu_queries_not_ready")[0]
 }
 
 /// (`MemcpyBatchAsync` calls, copies made by them) counted by the fake.
@@ -199,7 +199,7 @@ pub fn moves_device_memory_both_ways(vendor: Vendor) {
     target.register_memory(dst, len as u64, "*").unwrap();
     initiator.register_memory(src, len as u64, "*").unwrap();
     let before = stats();
-    let queries_before = queries();
+    let not_ready_before = queries_not_ready();
     let seg = target.session_id().to_string();
     let w = Request {
         op: OpCode::Write,
@@ -247,7 +247,7 @@ pub fn moves_device_memory_both_ways(vendor: Vendor) {
     );
     // Three sends out of device memory (the write, and the target's replies to both reads),
     // each waiting for its copies by querying its stream (the vendor's `StreamQuery`).
-    let not_ready = queries()[1] - queries_before[1];
+    let not_ready = queries_not_ready() - not_ready_before;
     assert!(
         not_ready >= 3 * chunks,
         "{vendor:?}: sends out of device memory found their copies running at {not_ready} \
