@@ -197,6 +197,91 @@ fn many_callers_rotating_over_four_peers_move_every_byte_over_caller_connections
     assert_eq!(reopened, 0, "a connection broke on a healthy peer");
 }
 
+/// A batch to a link with nothing in flight goes to the lanes, unless the engine already
+/// has a slice out for every lane of its budget: then its caller sends it itself. A peer
+/// that never answers holds the engine's two lanes' worth of slices in flight while
+/// batches go to a real target: they must go out over one caller connection (one
+/// connect), where the link's two lanes would each open one; once the stalled batch has
+/// failed, the target's batches go to its lanes again.
+#[test]
+fn a_batch_to_a_quiet_peer_goes_on_its_callers_thread_while_the_engine_has_work_for_every_lane() {
+    const STALLED: usize = 4;
+    const ROUNDS: usize = 10;
+    const BIG: usize = 1 << 20;
+    let stall = Duration::from_secs(5);
+    let engine = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            tcp_lane_budget: LANES,
+            transfer_timeout: stall,
+            ..two_lanes()
+        },
+    )
+    .unwrap();
+    let peer = HostilePeer::start(Answer::Never);
+    let held = HostBuffer::new(STALLED * BLOCK);
+    held.fill(WRITE_FILL);
+    let writes = batch(OpCode::Write, held.addr(), peer.remote, STALLED, BLOCK);
+    // SAFETY: `held` outlives the batch, which is waited for below.
+    let stalled = unsafe { engine.submit(&peer.session, &writes) }.unwrap();
+    let started = Instant::now();
+    while peer.requests.load(Ordering::Relaxed) < STALLED as u64 {
+        assert!(
+            started.elapsed() < stall,
+            "the stalled peer never got its requests"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let target = Target::start(2 * BIG);
+    let out = HostBuffer::new(2 * BIG);
+    let before = connects(&engine).0;
+    for round in 0..ROUNDS {
+        let data = pattern(2 * BIG, round as u64 + 1);
+        out.write_at(0, &data).unwrap();
+        let reqs = batch(OpCode::Write, out.addr(), target.mem.addr(), 2, BIG);
+        // SAFETY: `out` outlives the call, which waits for the batch.
+        unsafe { engine.transfer_sync(&target.session, &reqs) }
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let there = target.mem.read_at(0, 2 * BIG).unwrap();
+        assert!(
+            there[..BIG] == data[..BIG] && there[BIG..] == data[BIG..],
+            "round {round}"
+        );
+    }
+    let busy_phase = connects(&engine).0 - before;
+    assert!(
+        !stalled.is_finished(),
+        "the stalled batch ended within {:?}, before the batches it was to keep company",
+        started.elapsed()
+    );
+    assert_eq!(
+        busy_phase, 1,
+        "{busy_phase} connections opened for batches to a quiet peer while the engine's lanes \
+         all had work: one is a caller connection, two are the link's lanes"
+    );
+
+    match stalled.wait() {
+        Err(TransferError::Timeout(_)) => {}
+        other => panic!("the stalled batch: {other:?}"),
+    }
+    let before = connects(&engine).0;
+    for round in 0..ROUNDS {
+        let reqs = batch(OpCode::Write, out.addr(), target.mem.addr(), 2, BIG);
+        // SAFETY: as above.
+        unsafe { engine.transfer_sync(&target.session, &reqs) }
+            .unwrap_or_else(|e| panic!("idle engine, round {round}: {e}"));
+    }
+    assert!(
+        connects(&engine).0 > before,
+        "with the engine idle, batches to a quiet peer must go to its lanes (no lane connected)"
+    );
+    drop(engine);
+    peer.drain();
+    assert_eq!(peer.foreign.load(Ordering::Relaxed), 0);
+}
+
 // ---- Stand-in peers -------------------------------------------------------------------
 
 const PAGE: usize = 4096;

@@ -39,6 +39,8 @@ pub struct LaneBudget {
     per_peer: usize,
     /// Links with work (see the module doc).
     links: AtomicUsize,
+    /// Slices queued or in flight over all links.
+    out: AtomicUsize,
     lock: Mutex<()>,
     changed: Condvar,
 }
@@ -51,6 +53,7 @@ impl LaneBudget {
             total: total.max(per_peer),
             per_peer,
             links: AtomicUsize::new(0),
+            out: AtomicUsize::new(0),
             lock: Mutex::new(()),
             changed: Condvar::new(),
         })
@@ -73,6 +76,22 @@ impl LaneBudget {
             self.links.fetch_sub(1, Ordering::AcqRel);
             self.wake_all();
         }
+    }
+
+    /// `n` more slices of some link are queued or in flight.
+    pub fn add_out(&self, n: usize) {
+        self.out.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// `n` slices counted by [`add_out`](Self::add_out) are done.
+    pub fn sub_out(&self, n: usize) {
+        self.out.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// The engine has a slice queued or in flight for every lane of the budget: more
+    /// lanes would add hand-offs, not parallelism.
+    pub fn all_busy(&self) -> bool {
+        self.out.load(Ordering::Acquire) >= self.total
     }
 
     /// Lanes each link may use now.
@@ -234,5 +253,24 @@ mod tests {
         drop(b);
         drop(a);
         assert_eq!(budget.share(), 8);
+    }
+
+    #[test]
+    fn the_engine_is_all_busy_once_it_has_a_slice_out_per_lane_of_its_budget() {
+        let budget = LaneBudget::new(4, 2);
+        assert!(!budget.all_busy());
+        budget.add_out(3);
+        assert!(!budget.all_busy(), "3 slices out, 4 lanes");
+        budget.add_out(1);
+        assert!(budget.all_busy());
+        budget.add_out(5);
+        budget.sub_out(6);
+        assert!(!budget.all_busy(), "3 slices out again");
+        // A budget raised to one link's lanes counts against the raised total.
+        let raised = LaneBudget::new(1, 8);
+        raised.add_out(7);
+        assert!(!raised.all_busy());
+        raised.add_out(1);
+        assert!(raised.all_busy());
     }
 }

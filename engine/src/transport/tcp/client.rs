@@ -20,11 +20,12 @@
 //! reply is left to that connection's receiver thread, so the caller never waits for a
 //! peer beyond its batch's deadline.
 //!
-//! A synchronous batch of several requests to a link whose lanes already have work goes
-//! out on the caller's thread as well ([`PeerLink::send_here`]), over one of the link's
-//! caller connections (`MC_TCP_CALLER_CONNS`), each held by one caller for its batch; for
-//! writes the caller also reads the statuses once all of them are there, or leaves them to
-//! the connection's receiver after [`CALLER_REPLY_WAIT`].
+//! A synchronous batch of several requests to a link whose lanes already have work, or
+//! while the engine has work for all its lanes, goes out on the caller's thread as well
+//! ([`PeerLink::send_here`]), over one of the link's caller connections
+//! (`MC_TCP_CALLER_CONNS`), each held by one caller for its batch; for writes the caller
+//! also reads the statuses once all of them are there, or leaves them to the connection's
+//! receiver after [`CALLER_REPLY_WAIT`].
 
 use std::io::{self, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -299,11 +300,18 @@ impl PeerLink {
     /// slices wake a lane on another CPU, which copies them out); the caller copying them
     /// out itself saves the wake-up and the lane's sleep. A lone caller's batch still goes
     /// to the lanes, whose connections carry it in parallel.
+    ///
+    /// "Work enough" is the link's share of lanes in slices, or, for a link with less, a
+    /// slice out over the whole engine for every lane of its budget: callers rotating over
+    /// four peers found their link with little in flight for 11-12% of their batches on
+    /// the 16-CPU host, and handing those to lanes then cost about 1.6 times the callers'
+    /// CPU per byte; sent by their callers, the serving shape took 8-15% less CPU per
+    /// request (docs/benchmarks.md, issue 12, sessions 18-19).
     pub fn send_here(&self, slices: Vec<Slice>) -> Vec<Slice> {
         let shared = &self.shared;
         if self.caller_cap == 0
             || shared.stopping.load(Ordering::Acquire)
-            || shared.busy.load(Ordering::Acquire) < shared.lanes.budget().share()
+            || !has_work_enough(shared.busy.load(Ordering::Acquire), shared.lanes.budget())
             || slices.iter().map(|s| s.len).sum::<u64>() > CALLER_BATCH_BYTES
             || slices.iter().any(|s| s.local_device.is_some())
         {
@@ -312,7 +320,7 @@ impl PeerLink {
         let Some(mut c) = self.caller_conn() else {
             return slices;
         };
-        shared.busy.fetch_add(slices.len(), Ordering::AcqRel);
+        shared.add_busy(slices.len());
         self.note_use();
         let mut group = Vec::with_capacity(slices.len());
         for slice in slices {
@@ -390,7 +398,7 @@ impl PeerLink {
     }
 
     fn note_work(&self) {
-        self.shared.busy.fetch_add(1, Ordering::AcqRel);
+        self.shared.add_busy(1);
         self.note_use();
     }
 
@@ -492,16 +500,28 @@ impl LinkShared {
         );
     }
 
+    /// `n` more of the link's slices are queued or in flight (and so of the engine's).
+    fn add_busy(&self, n: usize) {
+        self.busy.fetch_add(n, Ordering::AcqRel);
+        self.lanes.budget().add_out(n);
+    }
+
+    /// `n` of the link's slices are done.
+    fn sub_busy(&self, n: usize) {
+        self.busy.fetch_sub(n, Ordering::AcqRel);
+        self.lanes.budget().sub_out(n);
+    }
+
     /// Completes a slice that was not taken.
     fn fail(&self, slice: Slice, error: TransferError) {
         slice.finish(Err(error));
-        self.busy.fetch_sub(1, Ordering::AcqRel);
+        self.sub_busy(1);
     }
 
     /// Completes a taken slice.
     fn complete(&self, held: Held, result: Result<(), TransferError>) {
         held.finish(result);
-        self.busy.fetch_sub(1, Ordering::AcqRel);
+        self.sub_busy(1);
     }
 
     /// A caller connection is done for; if the peer refused it, callers open none for
@@ -905,7 +925,7 @@ impl Conn {
     fn take(&mut self, slice: Slice, shared: &LinkShared) -> Option<Held> {
         let held = slice.take(&self.holder, &mut self.last_batch);
         if held.is_none() {
-            shared.busy.fetch_sub(1, Ordering::AcqRel);
+            shared.sub_busy(1);
         }
         held
     }
@@ -1705,6 +1725,12 @@ fn read_reply(
         .map_err(ReplyError::Io)?;
     }
     Ok(Reply::Done)
+}
+
+/// Whether a link with `busy` slices queued or in flight has work enough for a caller to
+/// send its batch itself (see [`PeerLink::send_here`]).
+fn has_work_enough(busy: usize, budget: &LaneBudget) -> bool {
+    busy >= budget.share() || budget.all_busy()
 }
 
 #[cfg(test)]
