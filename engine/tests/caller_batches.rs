@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use common::pattern;
 use guarded_memory::Mapping;
 use transfer_engine::metadata::handshake::HandshakeServer;
-use transfer_engine::wire::tcp::{RequestHeader, HEADER_LEN};
+use transfer_engine::wire::tcp::{RequestHeader, Status, HEADER_LEN};
 use transfer_engine::{
     Config, EngineError, HostBuffer, OpCode, Request, TransferEngine, TransferError,
 };
@@ -298,7 +298,13 @@ enum Answer {
     StopReadingAfter(usize),
     /// Answers every request with 8 bytes of 0xFF (no status magic).
     Garbage,
+    /// Answers every request rightly (a read with [`READ_FILL`] bytes), pausing for
+    /// `pause` after every `every` replies.
+    Stagger { every: usize, pause: Duration },
 }
+
+/// What a [`Answer::Stagger`] peer answers reads with.
+const READ_FILL: u8 = 0x3C;
 
 /// A stand-in engine: a descriptor with one big buffer, and a data port served per
 /// [`Answer`]. It counts what it read, and payload bytes other than [`WRITE_FILL`].
@@ -400,15 +406,34 @@ fn serve(
                 left -= n;
             }
         }
-        if matches!(answer, Answer::Garbage) && s.write_all(&[0xFF; 8]).is_err() {
-            return;
+        match answer {
+            Answer::Garbage if s.write_all(&[0xFF; 8]).is_err() => return,
+            Answer::Stagger { every, pause } => {
+                if !answer_rightly(&mut s, &h) {
+                    return;
+                }
+                if read % every == 0 {
+                    std::thread::sleep(pause);
+                }
+            }
+            _ => {}
         }
     }
+}
+
+/// A v2 status (if asked for) and, for a read, its bytes; false once the socket failed.
+fn answer_rightly(s: &mut TcpStream, h: &RequestHeader) -> bool {
+    if h.v2 && s.write_all(&Status::Ok.encode()).is_err() {
+        return false;
+    }
+    h.opcode != OpCode::Read || s.write_all(&vec![READ_FILL; h.size as usize]).is_ok()
 }
 
 /// A stand-in peer's misbehaviour, and what the callers must see.
 struct Case {
     answer: Answer,
+    /// What the callers' batches ask for.
+    op: OpCode,
     /// Batches per thread.
     rounds: usize,
     /// Requests per batch, and bytes per request.
@@ -422,8 +447,8 @@ struct Case {
     expected: fn(&TransferError) -> bool,
 }
 
-/// `threads` threads, each `case.rounds` synchronous batches of writes to `peer` from
-/// memory of its own, freed (and reused) the moment the call returns. Every call must fail
+/// `threads` threads, each `case.rounds` synchronous batches (of `case.op`) to `peer`
+/// with memory of its own, freed (and reused) the moment the call returns. Every call must fail
 /// as `case` expects, within its limit; returns the longest call.
 fn callers_against(
     engine: &TransferEngine,
@@ -444,11 +469,11 @@ fn callers_against(
                 for round in 0..case.rounds {
                     let mem = Mapping::new(slot, PAGE, WRITE_FILL);
                     let remote = peer.remote + (t * slot) as u64;
-                    let writes = batch(OpCode::Write, mem.buffer(), remote, case.reqs, case.block);
+                    let reqs = batch(case.op, mem.buffer(), remote, case.reqs, case.block);
                     let started = Instant::now();
                     // SAFETY: the mapping is valid for the call; what happens after is
                     // what is tested.
-                    let result = unsafe { engine.transfer_sync(&peer.session, &writes) };
+                    let result = unsafe { engine.transfer_sync(&peer.session, &reqs) };
                     let took = started.elapsed();
                     mem.free_and_reuse();
                     match &result {
@@ -521,6 +546,7 @@ fn timeout_or_gone(e: &TransferError) -> bool {
 #[test]
 fn callers_to_a_peer_that_never_answers_fail_at_the_deadline() {
     hostile_peer_under_many_callers(&Case {
+        op: OpCode::Write,
         answer: Answer::Never,
         rounds: 2,
         reqs: 16,
@@ -541,6 +567,7 @@ fn callers_to_a_peer_that_never_answers_fail_at_the_deadline() {
 fn callers_with_more_requests_than_the_pipeline_to_a_peer_that_never_answers_fail_at_the_deadline()
 {
     hostile_peer_under_many_callers(&Case {
+        op: OpCode::Write,
         answer: Answer::Never,
         rounds: 2,
         reqs: REQS,
@@ -559,6 +586,7 @@ fn callers_with_more_requests_than_the_pipeline_to_a_peer_that_never_answers_fai
 #[test]
 fn callers_to_a_peer_that_stops_reading_fail_at_the_deadline() {
     hostile_peer_under_many_callers(&Case {
+        op: OpCode::Write,
         answer: Answer::StopReadingAfter(0),
         rounds: 2,
         reqs: 16,
@@ -574,6 +602,7 @@ fn callers_to_a_peer_that_stops_reading_fail_at_the_deadline() {
 #[test]
 fn callers_to_a_peer_answering_garbage_fail_at_once() {
     hostile_peer_under_many_callers(&Case {
+        op: OpCode::Write,
         answer: Answer::Garbage,
         // Each call fails within milliseconds: many of them, for calls to overlap.
         rounds: 20,
@@ -588,6 +617,116 @@ fn callers_to_a_peer_answering_garbage_fail_at_once() {
             )
         },
     });
+}
+
+/// Reads from a peer that never answers: the caller waits for the first reply 50 ms at
+/// most, then leaves the batch to the connection's receiver and fails at the deadline; the
+/// receiver writes nothing into the caller's memory once the call has returned.
+#[test]
+fn callers_reading_from_a_peer_that_never_answers_fail_at_the_deadline() {
+    hostile_peer_under_many_callers(&Case {
+        op: OpCode::Read,
+        answer: Answer::Never,
+        rounds: 2,
+        reqs: REQS,
+        block: BLOCK,
+        timeout: Duration::from_millis(800),
+        limit: Duration::from_millis(800) + Duration::from_secs(5),
+        expected: timeout_or_gone,
+    });
+}
+
+/// Garbage instead of a read's status, read by the caller itself: a broken protocol, the
+/// calls fail at once.
+#[test]
+fn callers_reading_from_a_peer_answering_garbage_fail_at_once() {
+    hostile_peer_under_many_callers(&Case {
+        op: OpCode::Read,
+        answer: Answer::Garbage,
+        rounds: 20,
+        reqs: REQS,
+        block: BLOCK,
+        timeout: Duration::from_secs(20),
+        limit: Duration::from_secs(5),
+        expected: |e| {
+            matches!(
+                e,
+                TransferError::Protocol { .. } | TransferError::PeerGone { .. }
+            )
+        },
+    });
+}
+
+/// A caller reads the replies to its batch of reads itself as they come; from the first
+/// one that has not come within its 50 ms, the rest go to the connection's receiver, in
+/// order, and every byte still lands. A peer that never answers holds the engine's lanes'
+/// worth of slices in flight, so that every batch goes out on its caller's thread (over
+/// one caller connection).
+#[test]
+fn a_callers_reads_whose_replies_pause_are_finished_by_the_receiver() {
+    const REPLIES: usize = 16;
+    let pause = Duration::from_millis(120);
+    let engine = TransferEngine::new(
+        "127.0.0.1",
+        "P2PHANDSHAKE",
+        Config {
+            tcp_lane_budget: LANES,
+            transfer_timeout: Duration::from_secs(5),
+            ..two_lanes()
+        },
+    )
+    .unwrap();
+    let stalling = HostilePeer::start(Answer::Never);
+    let held = HostBuffer::new(4 * BLOCK);
+    held.fill(WRITE_FILL);
+    let writes = batch(OpCode::Write, held.addr(), stalling.remote, 4, BLOCK);
+    // SAFETY: `held` outlives the batch, drained below.
+    let stalled = unsafe { engine.submit(&stalling.session, &writes) }.unwrap();
+    let started = Instant::now();
+    while stalling.requests.load(Ordering::Relaxed) < 4 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no request reached the stalling peer"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    // Pauses after the 6th and 12th reply of the connection, and so on.
+    let peer = HostilePeer::start(Answer::Stagger { every: 6, pause });
+    let local = HostBuffer::new(REPLIES * BLOCK);
+    let before = connects(&engine).0;
+    for round in 0..3 {
+        local.fill(0);
+        let reads = batch(OpCode::Read, local.addr(), peer.remote, REPLIES, BLOCK);
+        let started = Instant::now();
+        // SAFETY: `local` outlives the call, which waits for the batch.
+        unsafe { engine.transfer_sync(&peer.session, &reads) }
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let took = started.elapsed();
+        let got = local.read_at(0, REPLIES * BLOCK).unwrap();
+        let wrong = got.iter().filter(|&&b| b != READ_FILL).count();
+        assert_eq!(
+            wrong, 0,
+            "round {round}: {wrong} bytes not what the peer sent"
+        );
+        assert!(
+            took >= pause,
+            "round {round} took {took:?}: the peer's pause was not waited out"
+        );
+    }
+    let opened = connects(&engine).0 - before;
+    assert!(
+        !stalled.is_finished(),
+        "the stalled batch ended too soon for this test"
+    );
+    assert_eq!(
+        opened, 1,
+        "{opened} connections for the reads: they did not go on their caller's thread"
+    );
+    stalled.cancel_and_drain();
+    drop(engine);
+    stalling.drain();
+    peer.drain();
 }
 
 /// A caller's send that a peer stalls gives the caller back within about a second, long

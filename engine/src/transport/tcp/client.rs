@@ -342,16 +342,24 @@ impl PeerLink {
             if c.stream.set_write_timeout(Some(step)).is_err() {
                 c.break_off();
             }
-            // Writes answered by statuses only, on a connection that owes nothing else:
-            // the replies are this batch's alone, and this thread can wait for them.
-            let here = shared.v2
-                && c.pending.is_empty()
+            // On a connection that owes nothing else the replies are this batch's alone,
+            // and this thread can wait for them: writes answered by statuses, or reads
+            // whose replies each fit the socket's low mark.
+            let writes = shared.v2
                 && group.len() <= CALLER_REPLIES
                 && group.iter().all(|h| h.slice().op == OpCode::Write);
-            if !here {
+            let reads = group
+                .iter()
+                .all(|h| h.slice().op == OpCode::Read && h.slice().len <= CALLER_READ_REPLY);
+            let until = deadline.min(now + CALLER_REPLY_WAIT);
+            if !c.pending.is_empty() || !(writes || reads) {
                 c.send_group(&mut group, shared);
             } else if c.write_group(&mut group, shared) {
-                c.settle_here(&mut group, shared, deadline.min(now + CALLER_REPLY_WAIT));
+                if writes {
+                    c.settle_here(&mut group, shared, until);
+                } else {
+                    c.settle_reads_here(&mut group, shared, until);
+                }
             }
             c.cut.set_deadline(None);
         }
@@ -782,6 +790,12 @@ const CALLER_BATCH_BYTES: u64 = 4 << 20;
 /// the socket's receive buffer).
 const CALLER_REPLIES: usize = 1024;
 
+/// The largest read whose reply a caller reads itself: the reply must fit under the
+/// socket's low mark (the kernel caps it at half the largest receive buffer,
+/// `net.ipv4.tcp_rmem`), so that waiting for it whole never ends early and reading it
+/// then never blocks.
+const CALLER_READ_REPLY: u64 = 256 << 10;
+
 /// How long a caller's send may make no progress: then the connection is broken off, the
 /// batch's slices go to the lanes (as a re-send), and the caller waits as for any batch,
 /// where interrupts (Ctrl-C in Python) are seen. A peer that takes in nothing for this long
@@ -1090,7 +1104,7 @@ impl Conn {
     /// on this thread once all of them have come, waiting until `until`; past it they
     /// are left to the receiver, and the caller waits as for any batch.
     fn settle_here(&mut self, group: &mut Vec<Held>, shared: &LinkShared, until: Instant) {
-        if !self.statuses_here(group.len() * STATUS_LEN, until) {
+        if !self.replies_here_by(group.len() * STATUS_LEN, until) {
             for held in group.drain(..) {
                 self.sent(held, shared);
             }
@@ -1099,13 +1113,34 @@ impl Conn {
         self.settle_all(group, shared);
     }
 
+    /// Reads the replies to `group` (reads just sent, nothing owed before them) on this
+    /// thread, each once the whole of it has come, until `until`; from the first one not
+    /// whole by then, they are left to the receiver, and the caller waits as for any batch.
+    ///
+    /// Handed to the receiver, a batch of reads cost a second thread's wake-up and the
+    /// caller's wake-up after it, on the path that carries the data.
+    fn settle_reads_here(&mut self, group: &mut Vec<Held>, shared: &LinkShared, until: Instant) {
+        let mut failure: Option<String> = None;
+        let mut rest = std::mem::take(group).into_iter();
+        while let Some(held) = rest.next() {
+            let whole = usize::from(shared.v2) * STATUS_LEN + owed_bytes(held.slice()) as usize;
+            if failure.is_none() && !self.replies_here_by(whole, until) {
+                // In order: once one reply is the receiver's, so are the rest.
+                self.sent(held, shared);
+                rest.for_each(|h| self.sent(h, shared));
+                return;
+            }
+            settle_next(&self.replies, held, shared, &mut failure);
+        }
+    }
+
     /// Waits (in `poll`, with the socket's low mark at what is missing) until `whole`
     /// bytes of replies are here or the connection ended, so that reading them cannot
     /// block; false if `until` came first. It does not spin: the statuses of a batch come
     /// after the peer has taken in all of it, hundreds of microseconds for the serving
     /// shape, and a spin of `MC_TCP_SPIN_US` (one `FIONREAD` after another) only burned
     /// that much CPU per batch.
-    fn statuses_here(&self, whole: usize, until: Instant) -> bool {
+    fn replies_here_by(&self, whole: usize, until: Instant) -> bool {
         let fd = self.stream.as_raw_fd();
         let need = whole.saturating_sub(self.replies.ahead.lock().buffered());
         // An error shows again when the replies are read.
