@@ -412,7 +412,7 @@ fn serve(
                 if !answer_rightly(&mut s, &h) {
                     return;
                 }
-                if read % every == 0 {
+                if read.is_multiple_of(every) {
                     std::thread::sleep(pause);
                 }
             }
@@ -661,7 +661,9 @@ fn callers_reading_from_a_peer_answering_garbage_fail_at_once() {
 /// one that has not come within its 50 ms, the rest go to the connection's receiver, in
 /// order, and every byte still lands. A peer that never answers holds the engine's lanes'
 /// worth of slices in flight, so that every batch goes out on its caller's thread (over
-/// one caller connection).
+/// one caller connection). What this checks is the hand-off mid-batch, in order; that the
+/// caller read the first replies itself shows in no count here, only in the benchmark
+/// (docs/benchmarks.md, issue 12, session 19).
 #[test]
 fn a_callers_reads_whose_replies_pause_are_finished_by_the_receiver() {
     const REPLIES: usize = 16;
