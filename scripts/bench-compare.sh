@@ -36,7 +36,8 @@
 #   ROUNDS     rounds over all implementations, order rotated each round (default 1)
 #   DURATION   seconds per case (default 2 in this mode); CASES: which cases (default all:
 #              write-4MiBx64 read-4MiBx64 write-64KiBx64 read-64KiBx64 lat-write-4KiB
-#              lat-read-4KiB serving-1peer serving-4peers)
+#              lat-read-4KiB serving-1peer serving-4peers); serving-read-1peer and
+#              serving-read-4peers (the serving shapes as reads) run when named
 #   OUT_DIR    default $OUT when set (the device tool's output folder)
 #   SKIP_UPSTREAM_PY=1  ours only (variants of ours against each other)
 #   BENCH_REPO the checkout holding .devcarry/ (default: this script's); set it when this
@@ -337,6 +338,8 @@ gh_case_args() {
         lat-read-4KiB) echo "read 4096 1 1 1" ;;
         serving-1peer) echo "write 32768 32 10 1" ;;
         serving-4peers) echo "write 32768 32 10 4" ;;
+        serving-read-1peer) echo "read 32768 32 10 1" ;;
+        serving-read-4peers) echo "read 32768 32 10 4" ;;
         *) die "unknown case $1" ;;
     esac
 }

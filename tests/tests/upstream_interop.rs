@@ -204,7 +204,8 @@ fn our_initiator_with_v1_framing_reads_and_writes_upstream_target() {
 
 /// Many threads issuing synchronous batches at once, as vLLM's connector does: once the
 /// link is busy, our callers send their batches themselves, whole, on caller connections
-/// (on from 8 CPUs by default; forced on here), and read upstream's statuses themselves.
+/// (on from 8 CPUs by default; forced on here), and read upstream's replies (statuses, data)
+/// themselves.
 /// Each thread writes its own part of upstream's buffer in batches of 32 x 32 KiB (a
 /// global pattern, checked by upstream), then reads it back in batches (checked here).
 #[test]
