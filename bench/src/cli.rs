@@ -12,7 +12,7 @@ Usage: transfer_engine_bench [OPTIONS]
 
 Options:
       --mode <MODE>                  initiator or target [default: initiator]
-      --operation <OP>               read or write [default: read]
+      --operation <OP>               read or write [default: read, or the workload's]
       --protocol <PROTOCOL>          transport protocol: tcp, rdma, or \"\" (the engine picks);
                                      upstream defaults to rdma [default: tcp]
       --metadata_server <CONN>       metadata connection string [default: P2PHANDSHAKE]
@@ -29,8 +29,9 @@ Options:
       --duration <SEC>               seconds to run [default: 10]
       --threads <N>                  submitting threads [default: 12, or the workload's]
       --workload <NAME>              preset request shape: custom (the defaults above), serving
-                                     (10 threads, 32 x 32 KiB per batch), latency (1 thread, one
-                                     4 KiB request per batch) [default: custom]
+                                     (10 threads, 32 x 32 KiB writes per batch, as vLLM's
+                                     connector), latency (1 thread, one 4 KiB request per batch)
+                                     [default: custom]
       --report_unit <UNIT>           GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb [default: GB]
       --report_precision <DIGITS>    digits after the point [default: 2]
       --json                         also print one JSON line with the figures
@@ -53,7 +54,8 @@ pub(crate) enum Operation {
 #[derive(Debug)]
 pub(crate) struct Flags {
     pub mode: Mode,
-    pub operation: Operation,
+    /// `None` unless given: see [`operation`](Self::operation).
+    pub operation: Option<Operation>,
     pub protocol: String,
     pub metadata_server: String,
     pub local_server_name: Option<String>,
@@ -73,11 +75,21 @@ pub(crate) struct Flags {
 }
 
 impl Flags {
+    /// `--operation`, or the workload's: writes for `serving` (vLLM's connector writes the
+    /// KV cache to the decode peer; one run of ours that left it out measured reads), reads
+    /// otherwise (upstream's default).
+    pub(crate) fn operation(&self) -> Operation {
+        self.operation.unwrap_or(match self.workload {
+            Workload::Serving => Operation::Write,
+            Workload::Custom | Workload::Latency => Operation::Read,
+        })
+    }
+
     /// The flags of `args` (program name first); `None` when help was asked for.
     pub(crate) fn parse(args: &[String]) -> Result<Option<Self>, UsageError> {
         let mut f = Self {
             mode: Mode::Initiator,
-            operation: Operation::Read,
+            operation: None,
             protocol: "tcp".into(),
             metadata_server: "P2PHANDSHAKE".into(),
             local_server_name: None,
@@ -110,11 +122,11 @@ impl Flags {
                     }
                 }
                 "operation" => {
-                    f.operation = match l.value(n, inline)?.as_str() {
+                    f.operation = Some(match l.value(n, inline)?.as_str() {
                         "read" => Operation::Read,
                         "write" => Operation::Write,
                         v => return Err(one_of(n, v, "read, write")),
-                    }
+                    })
                 }
                 "workload" => {
                     f.workload = match l.value(n, inline)?.as_str() {
@@ -187,14 +199,14 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(
-            (f.mode, f.operation, f.protocol.as_str()),
+            (f.mode, f.operation(), f.protocol.as_str()),
             (Mode::Target, Operation::Write, "")
         );
         assert!(f.auto_discovery && f.json);
         assert_eq!((f.buffer_size, f.duration), (4096, 0.5));
         let d = parse(&[]).unwrap().unwrap();
         assert_eq!(
-            (d.mode, d.operation, d.protocol.as_str()),
+            (d.mode, d.operation(), d.protocol.as_str()),
             (Mode::Initiator, Operation::Read, "tcp")
         );
         assert_eq!(
@@ -203,6 +215,18 @@ mod tests {
         );
         assert!(parse(&["--help"]).unwrap().is_none());
         assert!(HELP.contains("--segment_id"));
+    }
+
+    #[test]
+    fn the_serving_workload_writes_unless_told_to_read() {
+        let op = |args: &[&str]| parse(args).unwrap().unwrap().operation();
+        assert_eq!(op(&["--workload=serving"]), Operation::Write);
+        assert_eq!(
+            op(&["--workload=serving", "--operation=read"]),
+            Operation::Read
+        );
+        assert_eq!(op(&["--workload=latency"]), Operation::Read);
+        assert_eq!(op(&["--workload=custom"]), Operation::Read);
     }
 
     #[test]

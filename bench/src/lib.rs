@@ -12,7 +12,7 @@
 //! --batch_size=64 --threads=2 --duration=10` prints GB/s, requests/s and the
 //! batch latency percentiles; `--json` adds one machine-readable line.
 //! `--segment_id=A,B,...` spreads the batches over several targets (each batch goes to
-//! one). `--workload=serving` is vLLM's shape (10 threads, batches of 32 x 32 KiB),
+//! one). `--workload=serving` is vLLM's shape (10 threads, batches of 32 x 32 KiB writes),
 //! `--workload=latency` one 4 KiB request at a time (its batch latency is the request's);
 //! explicit `--block_size` / `--batch_size` / `--threads` override the preset.
 
@@ -163,7 +163,7 @@ fn initiate(
             span,
         });
     }
-    let op = match flags.operation {
+    let op = match flags.operation() {
         Operation::Read => OpCode::Read,
         Operation::Write => OpCode::Write,
     };
@@ -229,7 +229,7 @@ fn initiate(
         lat.extend(l);
     }
     let latencies = Latencies::new(lat);
-    let operation = format!("{:?}", flags.operation).to_lowercase();
+    let operation = format!("{:?}", flags.operation()).to_lowercase();
     let summary = Summary {
         workload: flags.workload.name(),
         operation: &operation,
