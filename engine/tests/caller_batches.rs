@@ -34,7 +34,7 @@ use guarded_memory::Mapping;
 use transfer_engine::metadata::handshake::HandshakeServer;
 use transfer_engine::wire::tcp::{RequestHeader, Status, HEADER_LEN};
 use transfer_engine::{
-    Config, EngineError, HostBuffer, OpCode, Request, TransferEngine, TransferError,
+    Batch, Config, EngineError, HostBuffer, OpCode, Request, TransferEngine, TransferError,
 };
 
 /// Requests per batch, and bytes per request: a batch is 1 MiB, under the 4 MiB up to
@@ -205,34 +205,15 @@ fn many_callers_rotating_over_four_peers_move_every_byte_over_caller_connections
 /// failed, the target's batches go to its lanes again.
 #[test]
 fn a_batch_to_a_quiet_peer_goes_on_its_callers_thread_while_the_engine_has_work_for_every_lane() {
-    const STALLED: usize = 4;
     const ROUNDS: usize = 10;
     const BIG: usize = 1 << 20;
-    let stall = Duration::from_secs(5);
-    let engine = TransferEngine::new(
-        "127.0.0.1",
-        "P2PHANDSHAKE",
-        Config {
-            tcp_lane_budget: LANES,
-            transfer_timeout: stall,
-            ..two_lanes()
-        },
-    )
-    .unwrap();
-    let peer = HostilePeer::start(Answer::Never);
-    let held = HostBuffer::new(STALLED * BLOCK);
-    held.fill(WRITE_FILL);
-    let writes = batch(OpCode::Write, held.addr(), peer.remote, STALLED, BLOCK);
-    // SAFETY: `held` outlives the batch, which is waited for below.
-    let stalled = unsafe { engine.submit(&peer.session, &writes) }.unwrap();
-    let started = Instant::now();
-    while peer.requests.load(Ordering::Relaxed) < STALLED as u64 {
-        assert!(
-            started.elapsed() < stall,
-            "the stalled peer never got its requests"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let Saturated {
+        engine,
+        peer,
+        stalled,
+        started,
+        _held,
+    } = Saturated::start();
 
     let target = Target::start(2 * BIG);
     let out = HostBuffer::new(2 * BIG);
@@ -364,6 +345,64 @@ impl HostilePeer {
         let conns = std::mem::take(&mut *self.conns.lock().unwrap());
         for t in conns {
             t.join().unwrap();
+        }
+    }
+}
+
+/// An engine of two lanes in all (`MC_TCP_LANE_BUDGET`) with a batch of writes to a peer
+/// that never answers: its four slices stay in flight (until the 5 s deadline), so the
+/// engine has a slice out for every lane of its budget.
+struct Saturated {
+    engine: TransferEngine,
+    peer: HostilePeer,
+    stalled: Batch,
+    /// When the stalled batch was submitted.
+    started: Instant,
+    /// The stalled batch's memory.
+    _held: HostBuffer,
+}
+
+impl Saturated {
+    const STALLED: usize = 4;
+
+    fn start() -> Self {
+        let stall = Duration::from_secs(5);
+        let engine = TransferEngine::new(
+            "127.0.0.1",
+            "P2PHANDSHAKE",
+            Config {
+                tcp_lane_budget: LANES,
+                transfer_timeout: stall,
+                ..two_lanes()
+            },
+        )
+        .unwrap();
+        let peer = HostilePeer::start(Answer::Never);
+        let held = HostBuffer::new(Self::STALLED * BLOCK);
+        held.fill(WRITE_FILL);
+        let writes = batch(
+            OpCode::Write,
+            held.addr(),
+            peer.remote,
+            Self::STALLED,
+            BLOCK,
+        );
+        // SAFETY: `held` goes with the batch; each test ends the batch before dropping it.
+        let stalled = unsafe { engine.submit(&peer.session, &writes) }.unwrap();
+        let started = Instant::now();
+        while peer.requests.load(Ordering::Relaxed) < Self::STALLED as u64 {
+            assert!(
+                started.elapsed() < stall,
+                "the stalled peer never got its requests"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Self {
+            engine,
+            peer,
+            stalled,
+            started,
+            _held: held,
         }
     }
 }
@@ -545,16 +584,7 @@ fn timeout_or_gone(e: &TransferError) -> bool {
 /// (`MC_TCP_PIPELINE_DEPTH`).
 #[test]
 fn callers_to_a_peer_that_never_answers_fail_at_the_deadline() {
-    hostile_peer_under_many_callers(&Case {
-        op: OpCode::Write,
-        answer: Answer::Never,
-        rounds: 2,
-        reqs: 16,
-        block: BLOCK,
-        timeout: Duration::from_millis(800),
-        limit: Duration::from_millis(800) + Duration::from_secs(5),
-        expected: timeout_or_gone,
-    });
+    never_answered_fails_at_the_deadline(OpCode::Write, 16);
 }
 
 /// Batches of 32 requests, twice what a lane's receiver queue takes. When the statuses do
@@ -566,11 +596,17 @@ fn callers_to_a_peer_that_never_answers_fail_at_the_deadline() {
 #[test]
 fn callers_with_more_requests_than_the_pipeline_to_a_peer_that_never_answers_fail_at_the_deadline()
 {
+    never_answered_fails_at_the_deadline(OpCode::Write, REQS);
+}
+
+/// Batches of `reqs` requests (`op`) to a peer that never answers fail at their deadline
+/// (800 ms), within 5 s more.
+fn never_answered_fails_at_the_deadline(op: OpCode, reqs: usize) {
     hostile_peer_under_many_callers(&Case {
-        op: OpCode::Write,
+        op,
         answer: Answer::Never,
         rounds: 2,
-        reqs: REQS,
+        reqs,
         block: BLOCK,
         timeout: Duration::from_millis(800),
         limit: Duration::from_millis(800) + Duration::from_secs(5),
@@ -601,8 +637,13 @@ fn callers_to_a_peer_that_stops_reading_fail_at_the_deadline() {
 /// their deadline (20 s).
 #[test]
 fn callers_to_a_peer_answering_garbage_fail_at_once() {
+    garbage_fails_at_once(OpCode::Write);
+}
+
+/// Batches of `op` to a peer that answers garbage fail at once (deadline 20 s).
+fn garbage_fails_at_once(op: OpCode) {
     hostile_peer_under_many_callers(&Case {
-        op: OpCode::Write,
+        op,
         answer: Answer::Garbage,
         // Each call fails within milliseconds: many of them, for calls to overlap.
         rounds: 20,
@@ -624,37 +665,14 @@ fn callers_to_a_peer_answering_garbage_fail_at_once() {
 /// receiver writes nothing into the caller's memory once the call has returned.
 #[test]
 fn callers_reading_from_a_peer_that_never_answers_fail_at_the_deadline() {
-    hostile_peer_under_many_callers(&Case {
-        op: OpCode::Read,
-        answer: Answer::Never,
-        rounds: 2,
-        reqs: REQS,
-        block: BLOCK,
-        timeout: Duration::from_millis(800),
-        limit: Duration::from_millis(800) + Duration::from_secs(5),
-        expected: timeout_or_gone,
-    });
+    never_answered_fails_at_the_deadline(OpCode::Read, REQS);
 }
 
 /// Garbage instead of a read's status, read by the caller itself: a broken protocol, the
 /// calls fail at once.
 #[test]
 fn callers_reading_from_a_peer_answering_garbage_fail_at_once() {
-    hostile_peer_under_many_callers(&Case {
-        op: OpCode::Read,
-        answer: Answer::Garbage,
-        rounds: 20,
-        reqs: REQS,
-        block: BLOCK,
-        timeout: Duration::from_secs(20),
-        limit: Duration::from_secs(5),
-        expected: |e| {
-            matches!(
-                e,
-                TransferError::Protocol { .. } | TransferError::PeerGone { .. }
-            )
-        },
-    });
+    garbage_fails_at_once(OpCode::Read);
 }
 
 /// A caller reads the replies to its batch of reads itself as they come; from the first
@@ -668,30 +686,13 @@ fn callers_reading_from_a_peer_answering_garbage_fail_at_once() {
 fn a_callers_reads_whose_replies_pause_are_finished_by_the_receiver() {
     const REPLIES: usize = 16;
     let pause = Duration::from_millis(120);
-    let engine = TransferEngine::new(
-        "127.0.0.1",
-        "P2PHANDSHAKE",
-        Config {
-            tcp_lane_budget: LANES,
-            transfer_timeout: Duration::from_secs(5),
-            ..two_lanes()
-        },
-    )
-    .unwrap();
-    let stalling = HostilePeer::start(Answer::Never);
-    let held = HostBuffer::new(4 * BLOCK);
-    held.fill(WRITE_FILL);
-    let writes = batch(OpCode::Write, held.addr(), stalling.remote, 4, BLOCK);
-    // SAFETY: `held` outlives the batch, drained below.
-    let stalled = unsafe { engine.submit(&stalling.session, &writes) }.unwrap();
-    let started = Instant::now();
-    while stalling.requests.load(Ordering::Relaxed) < 4 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "no request reached the stalling peer"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let Saturated {
+        engine,
+        peer: stalling,
+        stalled,
+        _held,
+        ..
+    } = Saturated::start();
 
     // Pauses after the 6th and 12th reply of the connection, and so on.
     let peer = HostilePeer::start(Answer::Stagger { every: 6, pause });
