@@ -16,7 +16,11 @@ the process's CPU time per request.
     PYTHONPATH=<unzipped wheel> python3 issue12-s18-serving-knob.py --var MC_PROBE_ALL_BUSY \
         --values 0,- [--shapes serving-4peers,serving-1peer,write-64KiBx64] [--rounds 3] [--duration 2]
 
-A value of `-` leaves the variable unset (the build's default).
+A value of `-` leaves the variable unset (the build's default). Session 20 added the shapes
+`read-*` (reads: `read-64KiBx64` as `write-64KiBx64`, larger batches of small reads, the serving
+shapes) and `--settings`, several variables per
+setting: `--settings=-,MC_PROBE_A=1,MC_PROBE_A=1+MC_PROBE_B=2` (each setting's variables set,
+every variable named in any setting unset otherwise).
 """
 import argparse
 import json
@@ -37,6 +41,11 @@ SHAPES = {
     "serving-1peer": (10, 1, 32, 32 << 10),
     "serving-4peers": (10, 4, 32, 32 << 10),
     "write-64KiBx64": (1, 1, 64, 64 << 10),
+    "read-64KiBx64": (1, 1, 64, 64 << 10),
+    "read-64KiBx256": (1, 1, 256, 64 << 10),
+    "read-16KiBx512": (1, 1, 512, 16 << 10),
+    "read-serving-1peer": (10, 1, 32, 32 << 10),
+    "read-serving-4peers": (10, 4, 32, 32 << 10),
 }
 
 
@@ -50,6 +59,7 @@ def start_target():
 def run_shape(engine, buf, targets, shape, duration):
     threads, ntargets, reqs, block = SHAPES[shape]
     peers = targets[:ntargets]
+    call = engine.batch_transfer_sync_read if shape.startswith("read") else engine.batch_transfer_sync_write
     lat, count, errors = [], [0] * threads, []
     stop = threading.Event()
     barrier = threading.Barrier(threads + 1)
@@ -63,7 +73,7 @@ def run_shape(engine, buf, targets, shape, duration):
             _, seg, base = peers[(t + n) % len(peers)]
             remotes = [base + (t * reqs + j) * block for j in range(reqs)]
             t0 = time.perf_counter_ns()
-            rc = engine.batch_transfer_sync_write(seg, locs, remotes, [block] * reqs)
+            rc = call(seg, locs, remotes, [block] * reqs)
             mine.append(time.perf_counter_ns() - t0)
             if rc != 0:
                 errors.append(f"thread {t}: rc {rc}")
@@ -97,8 +107,20 @@ def run_shape(engine, buf, targets, shape, duration):
             "batch_p99_us": pct(99), "cpu_us_per_request": round(cpu / n * 1e6, 2)}
 
 
+def parse_settings(a):
+    """[(label, {var: value})]: from --settings, else --var and --values."""
+    if a.settings:
+        out = []
+        for setting in a.settings.split(","):
+            pairs = [] if setting == "-" else [kv.split("=", 1) for kv in setting.split("+")]
+            out.append((setting, dict(pairs)))
+        return out
+    return [(v, {} if v == "-" else {a.var: v}) for v in a.values.split(",")]
+
+
 def main(a):
-    values = a.values.split(",")
+    settings = parse_settings(a)
+    names = {k for _, env in settings for k in env} | ({a.var} if a.var else set())
     shapes = a.shapes.split(",")
     for s in shapes:
         if s not in SHAPES:
@@ -113,17 +135,18 @@ def main(a):
     for _, seg, base in targets:
         # Opens each segment (handshake, descriptor) outside the timed phases.
         up.check_rc("warm-up write", engine.batch_transfer_sync_write(seg, [buf.addr], [base], [4096]))
-    cases = [(s, v) for s in shapes for v in values]
+    cases = [(s, v) for s in shapes for v in settings]
     try:
         for r in range(a.rounds):
             k = r % len(cases)
-            for shape, value in cases[k:] + cases[:k]:
-                os.environ.pop(a.var, None)
-                if value != "-":
-                    os.environ[a.var] = value
+            for shape, (label, env) in cases[k:] + cases[:k]:
+                for name in names:
+                    os.environ.pop(name, None)
+                os.environ.update(env)
                 time.sleep(0.2)
                 out = run_shape(engine, buf, targets, shape, a.duration)
-                print(json.dumps({"round": r, "shape": shape, a.var: value, **out}), flush=True)
+                key = a.var if not a.settings else "setting"
+                print(json.dumps({"round": r, "shape": shape, key: label, **out}), flush=True)
     finally:
         for p, _, _ in targets:
             p.stdin.write("quit\n")
@@ -133,8 +156,9 @@ def main(a):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--var", required=True)
-    ap.add_argument("--values", required=True)
+    ap.add_argument("--var")
+    ap.add_argument("--values", default="-")
+    ap.add_argument("--settings", help="comma-separated; each `-` or VAR=V[+VAR=V...]")
     ap.add_argument("--shapes", default="serving-4peers,serving-1peer,write-64KiBx64")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=2.0)

@@ -203,13 +203,24 @@ fn assert_timed_out_within(result: &Result<(), EngineError>, took: Duration, lim
     assert!(took < limit, "took {took:?}");
 }
 
-/// A batch of small reads over one lane: the lane sends them as one group and, with
-/// nothing else queued, reads their replies itself (`Conn::send_group_and_settle`) rather
-/// than handing them to its receiver. Half of the first reply comes, then the peer
-/// stalls: the lane's read must be cut at the deadline like the receiver's, and nothing
-/// lands after the call.
+/// A batch of small reads over one lane: the lane sends them as one group and reads
+/// their replies itself (`Conn::send_group_and_settle`) rather than handing them to its
+/// receiver. Half of the first reply comes, then the peer stalls: the lane's read must be
+/// cut at the deadline like the receiver's, and nothing lands after the call.
 #[test]
 fn a_timed_out_group_of_small_reads_read_by_its_lane_never_writes_into_freed_memory() {
+    timed_out_group_of_small_reads(8);
+}
+
+/// As above with more of the batch queued behind the lane's group (16 reads of 32 KiB
+/// are all a lane asks for at once): the lane reads its group's replies itself all the
+/// same, and the reads still queued when the call returns never land either.
+#[test]
+fn a_timed_out_group_of_small_reads_with_more_queued_never_writes_into_freed_memory() {
+    timed_out_group_of_small_reads(40);
+}
+
+fn timed_out_group_of_small_reads(reqs: usize) {
     let peer = StallingPeer::start();
     let config = Config {
         tcp_lanes_per_peer: 1,
@@ -217,7 +228,7 @@ fn a_timed_out_group_of_small_reads_read_by_its_lane_never_writes_into_freed_mem
         ..short_timeout()
     };
     let engine = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap();
-    let (reqs, block) = (8, 32 << 10);
+    let block = 32 << 10;
     let mem = Mapping::new(reqs * block, 4 * PAGE, 0);
     let batch: Vec<Request> = (0..reqs)
         .map(|i| {

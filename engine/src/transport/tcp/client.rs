@@ -695,7 +695,7 @@ fn lane(shared: Arc<LinkShared>, rx: Receiver<LaneMsg>, index: usize) {
                 lone = c.send(held, &shared, rx.is_empty(), Ahead::default());
             }
         } else {
-            c.send_group_and_settle(&mut group, &shared, rx.is_empty());
+            c.send_group_and_settle(&mut group, &shared);
         }
         if stop {
             break;
@@ -1065,25 +1065,25 @@ impl Conn {
         }
     }
 
-    /// Sends the requests of `group` in one go; when they are all reads, nothing else is
-    /// queued for the lanes and nothing is owed on this connection, reads their replies on
-    /// this thread, else hands them to the receiver.
+    /// Sends the requests of `group` in one go; when they are all reads and nothing is owed
+    /// on this connection, reads their replies on this thread, else hands them to the
+    /// receiver.
     ///
-    /// A batch of small reads spread over the lanes leaves each lane one group and then an
-    /// empty queue: handing the group to the receiver woke a second thread per lane and
-    /// batch, on the path that carries the data. Reading the replies here moved 64 KiB x 64
-    /// reads 10-30% more on the 16-CPU host (`docs/benchmarks.md`, session 15). Groups of
-    /// writes still go to the receiver: with them read here as well, one of three runs of
-    /// the serving shape (4 peers) on that host ended in a failed batch whose cause was not
-    /// found (its log stayed there).
-    fn send_group_and_settle(
-        &mut self,
-        group: &mut Vec<Held>,
-        shared: &LinkShared,
-        queue_empty: bool,
-    ) {
+    /// Handing a group of reads to the receiver woke a second thread per lane and group, on
+    /// the path that carries the data. Reading the replies here moved 64 KiB x 64 reads
+    /// 10-30% more on the 16-CPU host (`docs/benchmarks.md`, session 15), when only a lane
+    /// that found nothing queued behind its group did so. Every lane does now, whatever is
+    /// queued: the lanes still take the batch in even shares, and a lane's next group
+    /// waits for its replies, as it would for the reads owed (`READ_BYTES_PER_LANE`). In
+    /// one process against the same target, 64 KiB x 64 reads moved 1.25x at the median
+    /// over 5 rounds (0.75-2.11) with 0.79-0.89 of the CPU per request on the 16-CPU host,
+    /// and 1.2-1.6x with 0.6-0.75 of it on the 2-CPU VM, where larger batches of small reads
+    /// gained 1.3-1.9x (session 20). Groups of writes still go to the receiver: with them read
+    /// here as well, one of three runs of the serving shape (4 peers) on that host ended
+    /// in a failed batch whose cause was not found (its log stayed there).
+    fn send_group_and_settle(&mut self, group: &mut Vec<Held>, shared: &LinkShared) {
         let reads = group.iter().all(|h| h.slice().op == OpCode::Read);
-        if !(queue_empty && reads && self.pending.is_empty()) {
+        if !(reads && self.pending.is_empty()) {
             self.send_group(group, shared);
             return;
         }
