@@ -118,8 +118,9 @@ pub fn start(
     }
     let mut out: Vec<Arc<dyn Transport>> = Vec::new();
     // Same-host GPU IPC: asked for (`nvlink_intra`, `musa`), or automatic for device
-    // memory between segments of this host whenever a GPU runtime has devices.
-    if plan.ipc || gpu_with_devices() {
+    // memory between segments of this host whenever a GPU runtime has devices, unless
+    // `MC_FORCE_TCP` asks for TCP alone (as upstream installs only TCP then).
+    if plan.ipc || (!config.force_tcp && gpu_with_devices()) {
         let control = crate::wire::session::HostPort {
             host: host.to_string(),
             port: rpc_port,

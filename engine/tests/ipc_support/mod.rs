@@ -506,12 +506,14 @@ pub fn host_memory_and_mixes_use_tcp(vendor: Vendor) {
     assert_eq!(ipc_counts(&e).0, 0, "no IPC handle opened for host memory");
 }
 
-/// `MC_DISABLE_IPC=1` here, or a peer on another host: TCP, bytes verified.
+/// `MC_DISABLE_IPC=1` or `MC_FORCE_TCP=1` here, or a peer on another host: TCP, bytes
+/// verified.
 pub fn disabled_or_other_host_use_tcp(vendor: Vendor) {
     install_fake(vendor);
     let len = LEN as usize;
     for (peer_env, our_env) in [
         (vec![], vec![("MC_DISABLE_IPC", "1")]),
+        (vec![], vec![("MC_FORCE_TCP", "1")]),
         (vec![("MC_HOST_ID", "another-host")], vec![]),
     ] {
         let mut peer = IpcPeer::spawn(31, &peer_env);
@@ -528,11 +530,19 @@ pub fn disabled_or_other_host_use_tcp(vendor: Vendor) {
         let back = device_buffer(1, &vec![0u8; len]);
         sync(&e, &seg, &[Request::new(OpCode::Read, back, peer.c, LEN)]);
         assert!(device_bytes(back, len) == pattern(len, 33));
-        assert_eq!(
-            ipc_counts(&e).0,
-            0,
-            "{peer_env:?} {our_env:?}: no handle opened"
-        );
+        if our_env.contains(&("MC_FORCE_TCP", "1")) {
+            let ipc = e
+                .transport_decisions()
+                .into_iter()
+                .any(|(p, _)| p == "nvlink_intra" || p == "musa");
+            assert!(!ipc, "MC_FORCE_TCP=1: an IPC transport was started");
+        } else {
+            assert_eq!(
+                ipc_counts(&e).0,
+                0,
+                "{peer_env:?} {our_env:?}: no handle opened"
+            );
+        }
     }
 }
 

@@ -10,7 +10,8 @@
 //!
 //! Initiating side: a request whose local and remote memory are both device memory,
 //! to a peer on this host, is taken by this transport ([`Transport::takes`]) even when
-//! the peer's protocol is `tcp` or `rdma`, unless `MC_DISABLE_IPC=1`. Upstream peers
+//! the peer's protocol is `tcp` or `rdma`, unless `MC_DISABLE_IPC=1` (or `MC_FORCE_TCP=1`,
+//! with which this transport is not started). Upstream peers
 //! send no `host_id`: they are taken only when their protocol is the IPC protocol
 //! (which upstream only serves within a node). The peer's handle is opened once
 //! ([`imports`]) and the slices are copied device to device on streams ([`copier`]).
