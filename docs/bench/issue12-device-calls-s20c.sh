@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 20 (2026-12-02), third device call of issue 12, nvidia-h200 (16 CPUs): the
-# session's final build (.gpucarry-s20/bench-f, its wheel in .gpucarry-s20/site-f) against
+# build of e8950c8 (.gpucarry-s20/bench-f, its wheel in .gpucarry-s20/site-f) against
 # upstream 0.3.14 (MC_FORCE_TCP=1), every case of the issue's table, 3 rounds, order rotated;
 # then tests/gpu/gpu_transfer.py --rounds 4 (device memory over TCP, MC_DISABLE_IPC=1).
 # Carry .devcarry/ and .gpucarry-s20/.

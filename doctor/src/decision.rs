@@ -82,6 +82,8 @@ pub fn check(inp: &Inputs, facts: &Facts) -> Check {
             let mut transports = Vec::new();
             if plan.ipc {
                 transports.push("ipc");
+            } else if plan.ipc_auto {
+                transports.push("ipc (automatic: device memory to engines of this host)");
             }
             if plan.rdma.is_some() {
                 transports.push("rdma");

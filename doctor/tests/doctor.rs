@@ -405,6 +405,30 @@ fn peermem_missing_with_a_fake_gpu_runtime() {
     );
 }
 
+/// With a GPU runtime that has devices the engine starts same-host GPU IPC on its own
+/// accord, whatever the protocol: the decision says so, and says TCP alone with
+/// `MC_FORCE_TCP=1`.
+#[test]
+fn the_decision_names_automatic_ipc_with_a_gpu_runtime_unless_tcp_is_forced() {
+    let cuda = fake_runtime("cuda", "libcudart.so.12");
+    let h = Host::new()
+        .set("MC_GPU_RUNTIME", "cuda")
+        .set("MC_CUDART_PATH", cuda.to_str().unwrap());
+    let r = h.run();
+    let d = check(&r, "decision");
+    assert_eq!(
+        d.data["transports"],
+        json!([
+            "ipc (automatic: device memory to engines of this host)",
+            "tcp"
+        ]),
+        "{d:?}"
+    );
+    assert!(d.saw.contains("automatic (MC_DISABLE_IPC=1"), "{}", d.saw);
+    let r = h.set("MC_FORCE_TCP", "1").run();
+    assert_eq!(check(&r, "decision").data["transports"], json!(["tcp"]));
+}
+
 #[test]
 fn runtime_library_missing_lists_what_was_tried() {
     let r = Host::new()

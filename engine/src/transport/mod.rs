@@ -118,9 +118,8 @@ pub fn start(
     }
     let mut out: Vec<Arc<dyn Transport>> = Vec::new();
     // Same-host GPU IPC: asked for (`nvlink_intra`, `musa`), or automatic for device
-    // memory between segments of this host whenever a GPU runtime has devices, unless
-    // `MC_FORCE_TCP` asks for TCP alone (as upstream installs only TCP then).
-    if plan.ipc || (!config.force_tcp && gpu_with_devices()) {
+    // memory between segments of this host (`select` says when).
+    if plan.ipc || plan.ipc_auto {
         let control = crate::wire::session::HostPort {
             host: host.to_string(),
             port: rpc_port,
@@ -181,7 +180,8 @@ pub fn plan(
         false => None,
     };
     let verbs = probing.then(verbs_probe);
-    let gpu = match probing || matches!(protocol, "nvlink_intra" | "musa") {
+    // Every protocol may start IPC on its own accord, unless MC_FORCE_TCP.
+    let gpu = match !config.force_tcp {
         true => match crate::device::runtime() {
             Ok(rt) => select::GpuPresence::Runtime {
                 vendor: rt.vendor(),
@@ -250,13 +250,6 @@ fn rdma_transport(
     let t = rdma::RdmaTransport::start(session_id, &hcas, plan.matrix.clone(), params, config)
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(t))
-}
-
-/// Whether a GPU runtime is loaded (or loadable) and sees devices.
-fn gpu_with_devices() -> bool {
-    crate::device::runtime()
-        .ok()
-        .is_some_and(|rt| rt.device_count() > 0)
 }
 
 /// RLIMIT_MEMLOCK and whether CAP_IPC_LOCK lifts it, for this process.

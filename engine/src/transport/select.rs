@@ -13,8 +13,12 @@
 //!   devices is present.
 //! * anything else: an error naming the protocol.
 //!
+//! Besides, whenever a GPU runtime has devices, the same-host GPU IPC transport starts on
+//! its own accord (`Plan::ipc_auto`) for device memory between engines of this host.
+//!
 //! `MC_FORCE_TCP` turns `"rdma"`, `""` and the IPC protocols into TCP alone, with no
-//! probing, and wins over `MC_FORCE_HCA` (it is the switch for bisecting RDMA problems).
+//! probing and no automatic IPC, and wins over `MC_FORCE_HCA` (it is the switch for
+//! bisecting RDMA problems; upstream installs only TCP then).
 
 use thiserror::Error;
 
@@ -94,8 +98,13 @@ pub struct RdmaPlan {
 pub struct Plan {
     /// Start the RDMA transport (besides TCP).
     pub rdma: Option<RdmaPlan>,
-    /// Start the same-host GPU IPC transport (besides TCP).
+    /// Start the same-host GPU IPC transport (besides TCP): asked for, so failing to
+    /// start it fails `initialize`.
     pub ipc: bool,
+    /// Start it on its own accord (a GPU runtime with devices; not asked for, not
+    /// `MC_FORCE_TCP`): it takes device-to-device requests to engines of this host, and
+    /// failing to start it is a warning.
+    pub ipc_auto: bool,
     /// Warnings, each to be logged once.
     pub warnings: Vec<String>,
     /// What was chosen and why, for an info line.
@@ -107,6 +116,7 @@ impl Plan {
         Self {
             rdma: None,
             ipc: false,
+            ipc_auto: false,
             warnings: Vec::new(),
             notes: Vec::new(),
         }
@@ -226,17 +236,28 @@ pub fn decide(inp: &Inputs<'_>) -> Result<Plan, Refusal> {
         }
         return Ok(plan);
     }
-    match p {
+    let mut plan = match p {
         "tcp" => {
             if inp.force_hca {
                 plan.warnings
                     .push("MC_FORCE_HCA is ignored: initialize asked for protocol \"tcp\"".into());
             }
-            Ok(plan)
+            plan
         }
-        "nvlink_intra" | "musa" => decide_ipc(p, inp.gpu, plan),
-        _ => decide_rdma(inp, plan),
+        "nvlink_intra" | "musa" => decide_ipc(p, inp.gpu, plan)?,
+        _ => decide_rdma(inp, plan)?,
+    };
+    if let GpuPresence::Runtime { vendor, devices } = inp.gpu {
+        if *devices > 0 && !plan.ipc {
+            plan.ipc_auto = true;
+            plan.notes.push(format!(
+                "same-host GPU IPC over {vendor} for device memory between engines of this host, \
+                 automatic (MC_DISABLE_IPC=1 keeps it to peers of the IPC protocol, MC_FORCE_TCP=1 \
+                 turns it off)"
+            ));
+        }
     }
+    Ok(plan)
 }
 
 fn decide_ipc(p: &str, gpu: &GpuPresence, mut plan: Plan) -> Result<Plan, Refusal> {

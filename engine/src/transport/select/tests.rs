@@ -85,7 +85,7 @@ impl Case {
 }
 
 fn tcp_only(p: &Plan) -> bool {
-    p.rdma.is_none() && !p.ipc
+    p.rdma.is_none() && !p.ipc && !p.ipc_auto
 }
 
 #[test]
@@ -278,4 +278,38 @@ fn ipc_protocols_need_a_gpu_runtime_with_devices() {
     assert!(refusal.to_string().contains("needs the MUSA runtime"));
     c.protocol = "nvlink_intra";
     assert!(c.decide().unwrap().ipc);
+}
+
+#[test]
+fn a_gpu_runtime_with_devices_starts_ipc_on_its_own_accord_unless_tcp_is_forced() {
+    let gpu = GpuPresence::Runtime {
+        vendor: Vendor::Cuda,
+        devices: 1,
+    };
+    for p in ["tcp", "rdma", ""] {
+        let mut c = Case::new(p);
+        c.gpu = gpu.clone();
+        let plan = c.decide().unwrap();
+        assert!(plan.ipc_auto && !plan.ipc, "{p:?}: {plan:?}");
+        assert!(
+            plan.notes.iter().any(|n| n.contains("automatic")),
+            "{p:?}: {:?}",
+            plan.notes
+        );
+        c.force_tcp = true;
+        assert!(tcp_only(&c.decide().unwrap()), "{p:?} with MC_FORCE_TCP");
+        c.force_tcp = false;
+        c.gpu = GpuPresence::Runtime {
+            vendor: Vendor::Cuda,
+            devices: 0,
+        };
+        assert!(!c.decide().unwrap().ipc_auto, "{p:?} without devices");
+    }
+    // Asked for, it is not also automatic (its failure to start is then a refusal).
+    let mut c = Case::new("nvlink_intra");
+    c.gpu = gpu;
+    let plan = c.decide().unwrap();
+    assert!(plan.ipc && !plan.ipc_auto);
+    c.force_tcp = true;
+    assert!(tcp_only(&c.decide().unwrap()));
 }
