@@ -11,6 +11,10 @@
 #    code): the GPU row as the median of alternating rounds.
 #
 #   bash docs/bench/issue12-device-calls-s20a.sh
+#
+# Ran so, the two .jsonl files came back empty; their lines are in run.log, from which the raw
+# files under docs/bench/ were taken. Part 2 measured same-host GPU IPC: gpu_transfer.py did
+# not set MC_DISABLE_IPC=1 yet.
 set -uo pipefail
 H=$PWD/.gpucarry-s20
 O="${OUT:-/tmp/s20-out}"; mkdir -p "$O"
