@@ -42,6 +42,16 @@ pub enum GpuPresence {
     },
 }
 
+impl GpuPresence {
+    /// The runtime's vendor, when it is loaded and sees at least one device.
+    fn with_devices(&self) -> Option<Vendor> {
+        match self {
+            Self::Runtime { vendor, devices } if *devices > 0 => Some(*vendor),
+            _ => None,
+        }
+    }
+}
+
 /// How much memory this process may pin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Memlock {
@@ -247,8 +257,8 @@ pub fn decide(inp: &Inputs<'_>) -> Result<Plan, Refusal> {
         "nvlink_intra" | "musa" => decide_ipc(p, inp.gpu, plan)?,
         _ => decide_rdma(inp, plan)?,
     };
-    if let GpuPresence::Runtime { vendor, devices } = inp.gpu {
-        if *devices > 0 && !plan.ipc {
+    if let Some(vendor) = inp.gpu.with_devices() {
+        if !plan.ipc {
             plan.ipc_auto = true;
             plan.notes.push(format!(
                 "same-host GPU IPC over {vendor} for device memory between engines of this host, \
@@ -303,9 +313,7 @@ fn decide_rdma(inp: &Inputs<'_>, mut plan: Plan) -> Result<Plan, Refusal> {
                 }
                 plan.warnings.push(msg);
             }
-            if matches!(inp.gpu, GpuPresence::Runtime { devices, .. } if *devices > 0)
-                && inp.peer_memory_module.is_none()
-            {
+            if inp.gpu.with_devices().is_some() && inp.peer_memory_module.is_none() {
                 plan.notes.push(
                     "no peer-memory module (mthreads_peermem, nvidia_peermem) is loaded: registering GPU memory with the HCAs is checked, and reported, when it is registered".into(),
                 );

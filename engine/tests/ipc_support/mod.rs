@@ -334,14 +334,17 @@ pub fn engine_with(env: &[(&str, &str)]) -> TransferEngine {
     e
 }
 
-/// (opened, closed, open now) from the IPC transport's decision line.
-pub fn ipc_counts(e: &TransferEngine) -> (u64, u64, u64) {
-    let line = e
-        .transport_decisions()
+/// The IPC transport's decision line, if the engine runs one.
+pub fn ipc_decision(e: &TransferEngine) -> Option<String> {
+    e.transport_decisions()
         .into_iter()
         .find(|(p, _)| *p == "nvlink_intra" || *p == "musa")
-        .expect("the IPC transport runs")
-        .1;
+        .map(|(_, line)| line)
+}
+
+/// (opened, closed, open now) from the IPC transport's decision line.
+pub fn ipc_counts(e: &TransferEngine) -> (u64, u64, u64) {
+    let line = ipc_decision(e).expect("the IPC transport runs");
     let num = |suffix: &str| -> u64 {
         let i = line
             .find(suffix)
@@ -531,11 +534,10 @@ pub fn disabled_or_other_host_use_tcp(vendor: Vendor) {
         sync(&e, &seg, &[Request::new(OpCode::Read, back, peer.c, LEN)]);
         assert!(device_bytes(back, len) == pattern(len, 33));
         if our_env.contains(&("MC_FORCE_TCP", "1")) {
-            let ipc = e
-                .transport_decisions()
-                .into_iter()
-                .any(|(p, _)| p == "nvlink_intra" || p == "musa");
-            assert!(!ipc, "MC_FORCE_TCP=1: an IPC transport was started");
+            assert!(
+                ipc_decision(&e).is_none(),
+                "MC_FORCE_TCP=1: an IPC transport was started"
+            );
         } else {
             assert_eq!(
                 ipc_counts(&e).0,
