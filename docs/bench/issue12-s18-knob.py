@@ -12,7 +12,8 @@ Call 1 (docs/bench/issue12-s18-probe.patch): --var MC_PROBE_FIRST_PIECE --values
 0,131072,262144,524288 --write-values 0,262144 (its lines name the value "head").
 Call 2 (docs/bench/issue12-s18b-probe.patch): --var MC_PROBE_WAIT --values 0,1,2,3
 --write-values 0,1,2. Call 3 (docs/bench/issue12-s18c-probe.patch): --var MC_PROBE_WAIT
---values 0,3,4 --write-values 0,3,4.
+--values 0,3,4 --write-values 0,3,4. Session 21 (docs/bench/issue12-s21-probe.patch): --var
+MC_PROBE_WAIT with --both (reads set the value in this process too).
 
     python3 issue12-s18-knob.py --var VAR --values A,B,.. --write-values A,.. [--duration 2] [--rounds 6]
 """
@@ -47,7 +48,8 @@ def main(a):
     os.environ.pop(VAR, None)
     # (name, op, our memory, target, value set here)
     cases = [("host-read", "read", "cpu", "cpu", None)]
-    cases += [("gpu-gpu-read", "read", "cuda", h, None) for h in values]
+    # --both: the value is set here too for reads (session 21: the initiator acts as well).
+    cases += [("gpu-gpu-read", "read", "cuda", h, h if a.both else None) for h in values]
     cases += [("host-write", "write", "cpu", "cpu", None)]
     cases += [("gpu-gpu-write", "write", "cuda", int(h), int(h)) for h in a.write_values.split(",")]
     for r in range(a.rounds):
@@ -107,4 +109,5 @@ if __name__ == "__main__":
     ap.add_argument("--var", required=True)
     ap.add_argument("--values", required=True)
     ap.add_argument("--write-values", required=True)
+    ap.add_argument("--both", action="store_true")
     main(ap.parse_args())
