@@ -11,6 +11,7 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 mod fake_gpu;
+mod raw_peer;
 use fake_gpu::{
     device_buffer, device_bytes, engine, install_fake, pattern, queued, requests, stats,
 };
@@ -322,50 +323,178 @@ fn a_raw_peer_cannot_make_the_server_copy_ahead_outside_registered_device_memory
     );
 }
 
-/// Batches of reads from the target's device memory into ours, one staging chunk each: a
-/// lane keeps one read into device memory out at a time (two when it reads into host
-/// memory), asking for the next once the last is off its socket. So while the target's
-/// data server sends one, the next has not come, and none is copied out of the device
-/// ahead; with two out, 38-49% of them were (session 14). The bytes still come back whole.
+/// Reads of CHUNK each from a raw target into our device memory, on one lane: the lane has
+/// one out, asks for the next once half of the one being received is in (so that a target
+/// can copy the next one's first chunk out of its device while it sends the rest), and
+/// never has more out than that. The bytes land whole.
 #[test]
-fn a_lane_keeps_one_read_into_device_memory_out_at_a_time() {
+fn a_lane_asks_for_the_next_read_into_device_memory_when_half_the_last_is_in() {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    use transfer_engine::wire::tcp::{RequestHeader, Status, HEADER_LEN};
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    install_fake(Vendor::Cuda);
-    // SAFETY (edition 2021: set_var is safe): as in `one_lane_initiator`, which other
-    // tests of this binary may run first.
-    std::env::set_var("FAKE_COPY_DELAY_US", "300");
-    let mut config = transfer_engine::Config::from_env().unwrap();
-    config.tcp_lanes_per_peer = 2;
-    config.tcp_lane_budget = 2;
-    let initiator = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", config).unwrap();
-    let target = engine();
-    const N: usize = 64;
-    const BATCHES: u64 = 3;
-    let len = N * CHUNK;
-    let data = pattern(len, 46);
-    let src = device_buffer(0, &data);
-    target.register_memory(src, len as u64, "*").unwrap();
-    let back = device_buffer(0, &vec![0u8; len]);
-    initiator.register_memory(back, len as u64, "*").unwrap();
-    let seg = target.session_id().to_string();
-    let reads = requests(OpCode::Read, back, src, N, CHUNK);
-    let before = copy_ahead_counts();
-    for _ in 0..BATCHES {
-        // SAFETY: `back` is test-owned and outlives the batch (waited for).
-        unsafe { initiator.submit(&seg, &reads) }
-            .unwrap()
-            .wait()
-            .unwrap();
+    let initiator = one_lane_initiator();
+    let data = TcpListener::bind("127.0.0.1:0").unwrap();
+    let remote = 0x7f00_0000_0000u64;
+    let (session, _rpc) = raw_peer::serve_descriptor(data.local_addr().unwrap().port(), remote);
+    let (events_tx, events) = mpsc::channel::<String>();
+    let (go_tx, go) = mpsc::channel::<usize>();
+    let bytes_of = move |addr: u64| pattern(CHUNK, (addr - remote) / CHUNK as u64 + 50);
+    // The target: reports each request header as it comes; sends what the test says.
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = data.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut owed: Vec<u8> = Vec::new();
+        let mut header = [0u8; HEADER_LEN];
+        let mut got = 0;
+        loop {
+            // Headers as they come, without waiting.
+            match s.read(&mut header[got..]) {
+                Ok(0) => return,
+                Ok(n) => got += n,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => return,
+            }
+            if got == HEADER_LEN {
+                got = 0;
+                let h = RequestHeader::decode(&header).unwrap();
+                assert_eq!(h.size, CHUNK as u64);
+                owed.extend_from_slice(&Status::Ok.encode());
+                owed.extend_from_slice(&bytes_of(h.addr));
+                events_tx
+                    .send(format!("request {:#x}", h.addr - remote))
+                    .unwrap();
+            }
+            // Bytes to send, as the test says.
+            if let Ok(n) = go.try_recv() {
+                if n == usize::MAX {
+                    return;
+                }
+                let n = n.min(owed.len());
+                s.write_all(&owed[..n]).unwrap();
+                owed.drain(..n);
+            }
+        }
+    });
+    let back = device_buffer(0, &vec![0u8; 3 * CHUNK]);
+    initiator
+        .register_memory(back, 3 * CHUNK as u64, "*")
+        .unwrap();
+    let reads = requests(OpCode::Read, back, remote, 3, CHUNK);
+    // SAFETY: `back` is test-owned and outlives the batch (waited for below).
+    let batch = unsafe { initiator.submit(&session, &reads) }.unwrap();
+    let status = transfer_engine::wire::tcp::STATUS_LEN;
+    let next = |within: u64| events.recv_timeout(Duration::from_millis(within)).ok();
+    assert_eq!(next(10_000).as_deref(), Some("request 0x0"));
+    assert_eq!(
+        next(300),
+        None,
+        "a second read went out with none of the first in"
+    );
+    // One byte short of half of the first.
+    go_tx.send(status + CHUNK / 2 - 1).unwrap();
+    assert_eq!(
+        next(300),
+        None,
+        "a second read went out before half of the first was in"
+    );
+    go_tx.send(1).unwrap();
+    assert_eq!(
+        next(10_000).as_deref(),
+        Some("request 0x200000"),
+        "half of the first read is in, and the lane did not ask for the next"
+    );
+    assert_eq!(
+        next(300),
+        None,
+        "a third read went out with one out and one half in"
+    );
+    // The rest of the first: the second is the one out now, none of it in.
+    go_tx.send(CHUNK - CHUNK / 2).unwrap();
+    assert_eq!(
+        next(300),
+        None,
+        "a third read went out with one out and none of it in"
+    );
+    go_tx.send(status + CHUNK / 2).unwrap();
+    assert_eq!(next(10_000).as_deref(), Some("request 0x400000"));
+    go_tx.send(usize::MAX - 1).unwrap();
+    batch.wait().unwrap();
+    go_tx.send(usize::MAX).unwrap();
+    server.join().unwrap();
+    let mut want = Vec::new();
+    for k in 0..3u64 {
+        want.extend_from_slice(&bytes_of(remote + k * CHUNK as u64));
     }
-    let after = copy_ahead_counts();
     assert!(
-        device_bytes(back, len) == data,
+        device_bytes(back, 3 * CHUNK) == want,
         "the reads brought other bytes back"
     );
-    let (sends, ahead) = (after[0] - before[0], after[1] - before[1]);
-    assert_eq!(sends, BATCHES * N as u64, "sends out of device memory");
+}
+
+/// A raw peer asks for a read of the target's device memory, and for the next one only
+/// once the target is partway through sending the first (the peer reads slowly: a small
+/// segment size and receive buffer keep the target's socket full). The target still
+/// copies the next one's first chunk out of its device while it sends the rest of the
+/// first, and both come back whole.
+#[test]
+fn a_read_asked_for_while_the_one_before_is_sent_is_copied_out_ahead() {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    use transfer_engine::wire::tcp::{RequestHeader, Status, STATUS_LEN};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    install_fake(Vendor::Cuda);
+    let target = engine();
+    let len = 2 * CHUNK;
+    let data = pattern(len, 47);
+    let dev = device_buffer(0, &data);
+    target.register_memory(dev, len as u64, "*").unwrap();
+    let read = |addr: u64| {
+        RequestHeader {
+            size: CHUNK as u64,
+            addr,
+            opcode: OpCode::Read,
+            v2: true,
+        }
+        .encode()
+    };
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    // Before connecting: the target then sends in small segments into a small window, and
+    // its send buffer (sized from the segment) fills within the first piece of its chunk.
+    sock.set_mss(1000).unwrap();
+    sock.set_recv_buffer_size(16 << 10).unwrap();
+    let to: std::net::SocketAddr = ([127, 0, 0, 1], target.data_port()).into();
+    sock.connect(&to.into()).unwrap();
+    let mut peer: std::net::TcpStream = sock.into();
+    peer.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let before = copy_ahead_counts();
+    peer.write_all(&read(dev)).unwrap();
+    let mut status = [0u8; STATUS_LEN];
+    peer.read_exact(&mut status).unwrap();
+    assert!(matches!(Status::decode(&status).unwrap(), Status::Ok));
+    let mut first = vec![0u8; CHUNK];
+    peer.read_exact(&mut first[..4096]).unwrap();
+    // The target is blocked partway into the first reply; the next request comes now.
+    std::thread::sleep(Duration::from_millis(200));
+    peer.write_all(&read(dev + CHUNK as u64)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    peer.read_exact(&mut first[4096..]).unwrap();
+    assert!(first == data[..CHUNK], "the first read sent other bytes");
+    peer.read_exact(&mut status).unwrap();
+    assert!(matches!(Status::decode(&status).unwrap(), Status::Ok));
+    let mut second = vec![0u8; CHUNK];
+    peer.read_exact(&mut second).unwrap();
+    assert!(second == data[CHUNK..], "the second read sent other bytes");
+    let after = copy_ahead_counts();
+    assert_eq!(after[0] - before[0], 2, "sends out of device memory");
     assert_eq!(
-        ahead, 0,
-        "{ahead} of {sends} reads found the next read's request already there: a lane had more than one out"
+        after[1] - before[1],
+        1,
+        "the second read, asked for while the first was sent, was not copied out ahead"
     );
 }

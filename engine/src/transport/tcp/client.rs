@@ -41,6 +41,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::budget::{LaneBudget, Membership};
 use super::cut_reader::CutStream;
+use super::halfway::Halfway;
 use super::read_ahead::ReadAhead;
 use crate::config::Config;
 use crate::device::staging::NextSend;
@@ -64,16 +65,20 @@ const READ_BYTES_PER_LANE: u64 = 512 << 10;
 /// [`DEVICE_READS_OUT`] while a read into device memory is among them.
 const REQUESTS_OUT: usize = 2;
 
-/// Requests out while a read into device memory is: one. Such reads are cut in stripes of
+/// Requests out while a read into device memory is: one, and a second once half of that
+/// one's bytes are in (see [`InFlight::half_in`]). Such reads are cut in stripes of
 /// a staging chunk (2 MiB), so two out kept twice the bytes of host reads in flight on a
 /// connection. On the 16-CPU H200 host (loopback, 4 MiB x 64, cases rotated in one process,
 /// 6 rounds), one out moved GPU-to-GPU reads 1.02-1.22x of two out (0.96 of host reads at
 /// the median, from 0.87), reads into our GPU from host memory 0.98-1.33x (0.98 of host
 /// reads, from 0.84), while four out moved 0.91-0.99x and 0.87-0.95x, and host reads cut in
 /// 2 MiB stripes 0.84-0.88x of 1 MiB ones: the less a connection holds in flight, the faster
-/// on loopback. Between hosts it is not measured; the lanes together still hold 2 MiB each,
-/// as host reads do. The peer then never finds the next read waiting to copy ahead out of
-/// its device (docs/benchmarks.md, issue 12, session 17).
+/// on loopback (docs/benchmarks.md, issue 12, session 17). Between hosts it is not measured;
+/// the lanes together still hold 2 MiB each, as host reads do. With one out, though, the
+/// peer never found the next read waiting, and each read waited there for its first chunk's
+/// copy out of the device (some 125 us of each ~1 ms read, session 21). Asking for the next
+/// when half is in lets the peer copy it ahead while it sends the rest: with the peer's
+/// sends in pieces, GPU-to-GPU reads moved 1.06-1.15x of one out (session 21).
 const DEVICE_READS_OUT: usize = 1;
 
 /// Connection counters of every link (and the data server) of one TCP transport.
@@ -1356,6 +1361,9 @@ struct InFlight {
     device_reads: AtomicUsize,
     /// Payload bytes of reads still to come.
     bytes: AtomicU64,
+    /// Half of the read into device memory being received is in: it counts as out no more
+    /// (see [`DEVICE_READS_OUT`]). One reply is received at a time, so one such read at most.
+    past_half: AtomicBool,
     /// The lane waits in `wait_below` (so `done` must wake it).
     waiting: AtomicBool,
     lock: Mutex<()>,
@@ -1377,8 +1385,12 @@ impl InFlight {
             self.device_reads.fetch_sub(1, Ordering::SeqCst);
         }
         self.slices.fetch_sub(1, Ordering::SeqCst);
-        // SeqCst with `wait_below`: either the lane sees the smaller count, or we see it
-        // waiting and wake it.
+        self.wake_lane();
+    }
+
+    /// SeqCst with `wait_below`: either the lane sees the smaller count, or this sees it
+    /// waiting and wakes it.
+    fn wake_lane(&self) {
         if self.waiting.load(Ordering::SeqCst) {
             let _guard = self.lock.lock();
             self.fell.notify_one();
@@ -1396,7 +1408,21 @@ impl InFlight {
         } else {
             REQUESTS_OUT
         };
-        self.slices.load(Ordering::SeqCst) >= out && self.bytes.load(Ordering::SeqCst) >= cap
+        let past_half = usize::from(self.past_half.load(Ordering::SeqCst));
+        let slices = self.slices.load(Ordering::SeqCst).saturating_sub(past_half);
+        slices >= out && self.bytes.load(Ordering::SeqCst) >= cap
+    }
+
+    /// Half of the read into device memory being received is in: the lane may ask for the
+    /// next.
+    fn half_in(&self) {
+        self.past_half.store(true, Ordering::SeqCst);
+        self.wake_lane();
+    }
+
+    /// The read into device memory that was received is done with (whole or failed).
+    fn whole_in(&self) {
+        self.past_half.store(false, Ordering::SeqCst);
     }
 
     /// Waits while [`REQUESTS_OUT`] requests (or [`DEVICE_READS_OUT`]) and at least `cap`
@@ -1489,6 +1515,7 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
     let mut landing = Landing {
         read: None,
         shared: &shared,
+        pending: &pending,
     };
     // Never spins: it serves pipelined requests, where spinning took CPUs from threads
     // with work (15% of 64 KiB throughput on the 16-core host).
@@ -1518,6 +1545,8 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
             // Its last copies are left running in `landing`; the read there before has
             // landed by the time this one's bytes are all read, and is completed then.
             failure = settle_with(replies, held, &shared, Duration::ZERO, Some(&mut landing));
+            // Not counted as half out any more before it stops counting as out.
+            pending.whole_in();
         } else {
             settle_next(replies, held, &shared, &mut failure);
         }
@@ -1535,6 +1564,8 @@ fn receive(replies: &Replies, rx: Receiver<Held>, pending: Arc<InFlight>, shared
 struct Landing<'a> {
     read: Option<(Held, u32)>,
     shared: &'a LinkShared,
+    /// Told when half of the next read's bytes are in.
+    pending: &'a InFlight,
 }
 
 impl Landing<'_> {
@@ -1745,7 +1776,10 @@ fn read_reply(
         match (s.local_device, landing) {
             (Some(device), Some(earlier)) => crate::device::staging::receive_landing(
                 device,
-                &mut ahead.reader(own),
+                &mut Halfway::new(ahead.reader(own), s.len as usize, {
+                    let pending = earlier.pending;
+                    move || pending.half_in()
+                }),
                 s.local,
                 s.len as usize,
                 || {
@@ -1791,5 +1825,43 @@ mod tests {
         assert_eq!(group_cap(0, 0, 0, 0), 1);
         // Uneven: 10 over 4 lanes is 3 at most.
         assert_eq!(group_cap(16, 10, 10, 4), 3);
+    }
+
+    #[test]
+    fn a_read_into_device_memory_half_in_lets_one_more_out_and_no_more() {
+        let cap = READ_BYTES_PER_LANE;
+        let stripe = Owed {
+            bytes: crate::device::staging::CHUNK as u64,
+            device_read: true,
+        };
+        let f = InFlight::default();
+        assert!(!f.over(cap), "nothing out");
+        f.add(stripe);
+        assert!(
+            f.over(cap),
+            "one read into device memory out holds the lane"
+        );
+        f.half_in();
+        assert!(!f.over(cap), "half of it in: the lane may ask for the next");
+        f.add(stripe);
+        assert!(f.over(cap), "the next is out: the lane waits again");
+        // The first is whole: the second is now the one out.
+        f.whole_in();
+        f.done(stripe);
+        assert!(f.over(cap), "the second read still holds the lane");
+        f.half_in();
+        assert!(!f.over(cap));
+        f.whole_in();
+        f.done(stripe);
+        assert!(!f.over(cap), "nothing out");
+        // Host reads: two out, as before.
+        let host = Owed {
+            bytes: cap,
+            device_read: false,
+        };
+        f.add(host);
+        assert!(!f.over(cap));
+        f.add(host);
+        assert!(f.over(cap));
     }
 }

@@ -10,6 +10,7 @@
 mod budget;
 pub mod client;
 mod cut_reader;
+mod halfway;
 mod landing;
 mod read_ahead;
 mod read_run;
