@@ -35,6 +35,25 @@ const SIZES: [usize; 9] = [
 /// The fake's copy counters and queues are process-wide: one test at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// A raw peer's v2 read request of `size` bytes at `addr`.
+fn read_header(addr: u64, size: u64) -> [u8; transfer_engine::wire::tcp::HEADER_LEN] {
+    transfer_engine::wire::tcp::RequestHeader {
+        size,
+        addr,
+        opcode: OpCode::Read,
+        v2: true,
+    }
+    .encode()
+}
+
+/// The next status on a raw peer's connection.
+fn read_status(peer: &mut std::net::TcpStream) -> transfer_engine::wire::tcp::Status {
+    use std::io::Read;
+    let mut s = [0u8; transfer_engine::wire::tcp::STATUS_LEN];
+    peer.read_exact(&mut s).unwrap();
+    transfer_engine::wire::tcp::Status::decode(&s).unwrap()
+}
+
 /// The slow-copy fake and an initiator with one lane (and no caller connections), so
 /// that every request queues on one connection, uncut.
 fn one_lane_initiator() -> TransferEngine {
@@ -268,7 +287,7 @@ fn back_to_back_reads_out_of_device_memory_send_their_own_bytes_each_chunk_copie
 fn a_raw_peer_cannot_make_the_server_copy_ahead_outside_registered_device_memory() {
     use std::io::{Read, Write};
     use std::time::Duration;
-    use transfer_engine::wire::tcp::{RequestHeader, Status, STATUS_LEN};
+    use transfer_engine::wire::tcp::Status;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     install_fake(Vendor::Cuda);
     let target = engine();
@@ -276,31 +295,17 @@ fn a_raw_peer_cannot_make_the_server_copy_ahead_outside_registered_device_memory
     let data = pattern(len, 46);
     let dev = device_buffer(0, &data);
     target.register_memory(dev, len as u64, "*").unwrap();
-    let read = |addr: u64, size: u64| {
-        RequestHeader {
-            size,
-            addr,
-            opcode: OpCode::Read,
-            v2: true,
-        }
-        .encode()
-    };
     let half = (len / 2) as u64;
     let mut asks = Vec::new();
-    asks.extend_from_slice(&read(dev, half));
-    asks.extend_from_slice(&read(dev + half, len as u64));
-    asks.extend_from_slice(&read(dev, 4096));
+    asks.extend_from_slice(&read_header(dev, half));
+    asks.extend_from_slice(&read_header(dev + half, len as u64));
+    asks.extend_from_slice(&read_header(dev, 4096));
     let before = stats();
     let mut peer = std::net::TcpStream::connect(("127.0.0.1", target.data_port())).unwrap();
     peer.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     peer.write_all(&asks).unwrap();
-    let status = |peer: &mut std::net::TcpStream| {
-        let mut s = [0u8; STATUS_LEN];
-        peer.read_exact(&mut s).unwrap();
-        Status::decode(&s).unwrap()
-    };
-    assert!(matches!(status(&mut peer), Status::Ok));
+    assert!(matches!(read_status(&mut peer), Status::Ok));
     let mut first = vec![0u8; half as usize];
     peer.read_exact(&mut first).unwrap();
     assert!(
@@ -308,10 +313,10 @@ fn a_raw_peer_cannot_make_the_server_copy_ahead_outside_registered_device_memory
         "the first read sent other bytes"
     );
     assert!(
-        matches!(status(&mut peer), Status::AddrRejected),
+        matches!(read_status(&mut peer), Status::AddrRejected),
         "a read past the registered region was not rejected"
     );
-    assert!(matches!(status(&mut peer), Status::Ok));
+    assert!(matches!(read_status(&mut peer), Status::Ok));
     let mut third = vec![0u8; 4096];
     peer.read_exact(&mut third).unwrap();
     assert!(third == data[..4096], "the third read sent other bytes");
@@ -445,7 +450,7 @@ fn a_lane_asks_for_the_next_read_into_device_memory_when_half_the_last_is_in() {
 fn a_read_asked_for_while_the_one_before_is_sent_is_copied_out_ahead() {
     use std::io::{Read, Write};
     use std::time::Duration;
-    use transfer_engine::wire::tcp::{RequestHeader, Status, STATUS_LEN};
+    use transfer_engine::wire::tcp::Status;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     install_fake(Vendor::Cuda);
     let target = engine();
@@ -453,15 +458,7 @@ fn a_read_asked_for_while_the_one_before_is_sent_is_copied_out_ahead() {
     let data = pattern(len, 47);
     let dev = device_buffer(0, &data);
     target.register_memory(dev, len as u64, "*").unwrap();
-    let read = |addr: u64| {
-        RequestHeader {
-            size: CHUNK as u64,
-            addr,
-            opcode: OpCode::Read,
-            v2: true,
-        }
-        .encode()
-    };
+    let read = |addr: u64| read_header(addr, CHUNK as u64);
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     // Before connecting: the target then sends in small segments into a small window, and
     // its send buffer (sized from the segment) fills within the first piece of its chunk.
@@ -474,9 +471,7 @@ fn a_read_asked_for_while_the_one_before_is_sent_is_copied_out_ahead() {
         .unwrap();
     let before = copy_ahead_counts();
     peer.write_all(&read(dev)).unwrap();
-    let mut status = [0u8; STATUS_LEN];
-    peer.read_exact(&mut status).unwrap();
-    assert!(matches!(Status::decode(&status).unwrap(), Status::Ok));
+    assert!(matches!(read_status(&mut peer), Status::Ok));
     let mut first = vec![0u8; CHUNK];
     peer.read_exact(&mut first[..4096]).unwrap();
     // The target is blocked partway into the first reply; the next request comes now.
@@ -485,8 +480,7 @@ fn a_read_asked_for_while_the_one_before_is_sent_is_copied_out_ahead() {
     std::thread::sleep(Duration::from_millis(100));
     peer.read_exact(&mut first[4096..]).unwrap();
     assert!(first == data[..CHUNK], "the first read sent other bytes");
-    peer.read_exact(&mut status).unwrap();
-    assert!(matches!(Status::decode(&status).unwrap(), Status::Ok));
+    assert!(matches!(read_status(&mut peer), Status::Ok));
     let mut second = vec![0u8; CHUNK];
     peer.read_exact(&mut second).unwrap();
     assert!(second == data[CHUNK..], "the second read sent other bytes");
