@@ -399,3 +399,39 @@ fn the_server_holds_at_most_max_keys() {
     assert_eq!(http("DELETE", &key_url(&srv, "k2"), None).0, 200);
     assert_eq!(put("k3"), 200, "room again");
 }
+
+#[test]
+fn a_descriptor_whose_data_host_does_not_resolve_fails_batches_with_the_name() {
+    let srv = server(no_sweep());
+    let (a_name, b_name, c_name) = (name(), name(), name());
+    let a = engine_in(&a_name, &srv.url(), "");
+    let b = engine_in(&b_name, &srv.url(), "");
+    let buf = Buf::new(4096);
+    b.register_memory(buf.addr(), 4096, "cpu:0").unwrap();
+    // B's descriptor, published again under another name with a data host that never
+    // resolves (`.invalid`, RFC 6761): what a store holds for a peer whose name is stale.
+    let (st, body) = http(
+        "GET",
+        &key_url(&srv, &format!("mooncake/ram/{b_name}")),
+        None,
+    );
+    assert_eq!(st, 200);
+    let mut desc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    desc["tcp_data_host"] = "no-such-host.invalid".into();
+    desc["name"] = c_name.clone().into();
+    let c_key = key_url(&srv, &format!("mooncake/ram/{c_name}"));
+    assert_eq!(
+        http("PUT", &c_key, Some(desc.to_string().as_bytes())).0,
+        200
+    );
+    for _ in 0..2 {
+        // Asked again each time: a failed lookup is not kept.
+        let err = read(&a, &c_name, buf.addr(), 64).unwrap_err();
+        assert!(
+            err.contains("cannot resolve its data address no-such-host.invalid:"),
+            "{err}"
+        );
+    }
+    assert_eq!(read(&a, &b_name, buf.addr(), 64).unwrap(), vec![0u8; 64]);
+    assert_eq!(http("DELETE", &c_key, None).0, 200);
+}

@@ -14,6 +14,7 @@ mod halfway;
 mod landing;
 mod read_ahead;
 mod read_run;
+mod resolved_hosts;
 mod same_host;
 pub mod server;
 mod spin;
@@ -21,6 +22,7 @@ mod spin;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -32,6 +34,7 @@ use crate::wire::descriptor::SegmentDesc;
 use crate::wire::session::{HostPort, SegmentId};
 use budget::LaneBudget;
 use client::{LinkCounters, PeerLink};
+use resolved_hosts::ResolvedHosts;
 use server::TcpServer;
 
 /// The protocol name in descriptors.
@@ -49,6 +52,8 @@ pub struct TcpTransport {
     data_port: u16,
     // Dropped before the server (field order): lanes stop, failing queued slices, first.
     links: Mutex<HashMap<(SocketAddr, bool), Arc<PeerLink>>>,
+    /// Peers' data hosts given by name, resolved once per `resolved_hosts::TTL`.
+    hosts: ResolvedHosts,
     counters: Arc<LinkCounters>,
     /// Lanes shared by every link (`MC_TCP_LANE_BUDGET`).
     lanes: Arc<LaneBudget>,
@@ -92,6 +97,7 @@ impl TcpTransport {
             host: host.to_string(),
             data_port,
             links: Mutex::new(HashMap::new()),
+            hosts: ResolvedHosts::default(),
             counters,
             lanes: LaneBudget::new(config.tcp_lane_budget, config.tcp_lanes_per_peer),
             _server: server,
@@ -119,22 +125,31 @@ impl TcpTransport {
             Some(h) if !h.is_empty() && h != "0.0.0.0" && h != "::" => h.trim_matches(['[', ']']),
             _ => &segment.rpc().host,
         };
-        // Session ids are IP literals in practice: no resolver call (nor allocation) for them.
+        // IP literals (vLLM and SGLang name hosts by IP): no resolver call, nor allocation.
         if let Ok(ip) = host.parse::<IpAddr>() {
             return Ok(SocketAddr::new(ip, peer.tcp_data_port));
         }
-        let data = HostPort {
-            host: host.to_string(),
-            port: peer.tcp_data_port,
+        let port = peer.tcp_data_port;
+        let resolve = || {
+            net::resolve(host, port, self.config.use_ipv6)?
+                .first()
+                .map(SocketAddr::ip)
+                .ok_or_else(|| std::io::Error::other("no address"))
         };
-        net::resolve(&data.host, data.port, self.config.use_ipv6)
-            .ok()
-            .and_then(|a| a.first().copied())
-            .ok_or_else(|| TransportError::Unusable {
-                segment: segment.to_string(),
-                protocol: PROTOCOL,
-                reason: format!("cannot resolve its data address {}", data.session_id()),
-            })
+        match self.hosts.ip_of(host, Instant::now(), resolve) {
+            Ok(ip) => Ok(SocketAddr::new(ip, port)),
+            Err(e) => {
+                let data = HostPort {
+                    host: host.to_string(),
+                    port,
+                };
+                Err(TransportError::Unusable {
+                    segment: segment.to_string(),
+                    protocol: PROTOCOL,
+                    reason: format!("cannot resolve its data address {}: {e}", data.session_id()),
+                })
+            }
+        }
     }
 
     fn link(&self, addr: SocketAddr, v2: bool) -> Result<Arc<PeerLink>, TransportError> {
