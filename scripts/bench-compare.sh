@@ -16,6 +16,8 @@
 #   BUFFER_SIZE     bench buffer bytes (default 1073741824); must be >= THREADS*64*4MiB
 #   IPERF_PORT      iperf3 port (default 5201)
 #   OUT_DIR         results and logs (default: $REPO/target/bench-compare)
+#   HOST            the name every engine is given and peers reach it by (default 127.0.0.1;
+#                   a host name, such as localhost, measures what name lookups cost)
 #   SKIP_IPERF=1, SKIP_UPSTREAM_PY=1, SKIP_UPSTREAM_BENCH=1, SKIP_OURS=1, SKIP_CROSS=1
 #
 # Results: one JSON object per line in $OUT_DIR/results.jsonl, keys impl, case, gbps,
@@ -70,7 +72,7 @@ THREADS="${THREADS:-1}"
 BUFFER_SIZE="${BUFFER_SIZE:-1073741824}"
 IPERF_PORT="${IPERF_PORT:-5201}"
 OUT_DIR="${OUT_DIR:-$REPO/target/bench-compare}"
-HOST=127.0.0.1
+HOST="${HOST:-127.0.0.1}"
 PEER_PY="${PEER_PY:-$REPO/tests/interop/upstream_peer.py}"
 
 export MC_FORCE_TCP=1
@@ -199,7 +201,7 @@ print(json.dumps(r))' "$cname" "$line")"
 # How the target's segment id is found (the regex matches either):
 #   upstream: glog line "Transfer Engine RPC using P2P handshake, listening on HOST:PORT"
 #   ours:     a line containing "segment_id=HOST:PORT"
-SEGMENT_RE='(listening on|segment_id=) ?[0-9.]+:[0-9]+'
+SEGMENT_RE='(listening on|segment_id=) ?[A-Za-z0-9.-]+:[0-9]+'
 
 # Extra flags per binary. Upstream needs --local_server_name=127.0.0.1 in P2P mode (its default
 # is the machine's hostname, which then becomes the host part of the segment id).
@@ -221,7 +223,7 @@ start_bench_target() {  # start_bench_target NAME BIN -> sets TARGET_PID, TARGET
         --buffer_size="$BUFFER_SIZE" "${extra[@]}" </dev/null >"$out" 2>&1 &
     TARGET_PID=$!; BG_PIDS+=("$TARGET_PID")
     m="$(wait_for_match "$out" "$SEGMENT_RE" 60 "$TARGET_PID")"
-    TARGET_SEGMENT="$(printf '%s' "$m" | grep -Eo '[0-9.]+:[0-9]+$')"
+    TARGET_SEGMENT="$(printf '%s' "$m" | grep -Eo '[A-Za-z0-9.-]+:[0-9]+$')"
     log "$name target at $TARGET_SEGMENT (pid $TARGET_PID)"
 }
 
@@ -352,7 +354,7 @@ gh_stop_all() {
 gh_upstream() {  # gh_upstream ROUND
     local rnd="$1" i pid line sids=() bufs=() cname op bs batch th n peers buffers
     for i in 1 2 3 4; do
-        up_py "$PEER_PY" bench-target --size "$BUFFER_SIZE" --wait signal </dev/null \
+        up_py "$PEER_PY" bench-target --host "$HOST" --size "$BUFFER_SIZE" --wait signal </dev/null \
             >"$LOGS/up-target-$i.out" 2>"$LOGS/up-target-$i.err" &
         pid=$!; BG_PIDS+=("$pid")
         line="$(wait_for_match "$LOGS/up-target-$i.out" '^\{.*\}$' 120 "$pid")"
@@ -364,7 +366,7 @@ gh_upstream() {  # gh_upstream ROUND
         local extra=()
         peers="$(IFS=,; echo "${sids[*]:0:$n}")"; buffers="$(IFS=,; echo "${bufs[*]:0:$n}")"
         case "$cname" in lat-*) extra=(--latency) ;; esac
-        line="$(up_py "$PEER_PY" bench-initiator --peer "$peers" --peer-buffer "$buffers" \
+        line="$(up_py "$PEER_PY" bench-initiator --host "$HOST" --peer "$peers" --peer-buffer "$buffers" \
             --peer-size "$BUFFER_SIZE" --duration "$DURATION" --op "$op" --block-size "$bs" \
             --batch-size "$batch" --threads "$th" "${extra[@]}" 2>>"$LOGS/up-initiator.err" | tail -n1 || true)"
         gh_record upstream "$cname" "$rnd" "$line"
@@ -381,7 +383,7 @@ gh_ours() {  # gh_ours NAME BIN ENV_LIST ROUND
             --local_server_name="$HOST" --buffer_size="$BUFFER_SIZE" </dev/null \
             >"$LOGS/$name-target-$i.log" 2>&1 &
         pid=$!; BG_PIDS+=("$pid")
-        m="$(wait_for_match "$LOGS/$name-target-$i.log" 'segment_id=[0-9.]+:[0-9]+' 60 "$pid")"
+        m="$(wait_for_match "$LOGS/$name-target-$i.log" 'segment_id=[A-Za-z0-9.-]+:[0-9]+' 60 "$pid")"
         segs+=("${m#segment_id=}")
     done
     for cname in $GH_CASES; do
