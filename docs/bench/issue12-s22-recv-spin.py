@@ -9,6 +9,9 @@ targets' threads (/proc/PID/task/TID/schedstat and status) to get, per request: 
 CPU time, their time runnable but not running, and their sleeps (voluntary switches).
 
     python3 issue12-s22-recv-spin.py --bench BIN --settings 0,20,50 --rounds 6 --duration 2
+
+An INITIATOR-side setting instead: `--initiator-var NAME` passes each setting to the fresh
+initiator as NAME=VALUE (`-`: unset); the targets stay the same processes.
 """
 import argparse
 import json
@@ -70,6 +73,7 @@ def main():
     ap.add_argument("--cases", default="serving-4peers,serving-1peer")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--duration", type=float, default=2.0)
+    ap.add_argument("--initiator-var", default=None)
     a = ap.parse_args()
     settings = a.settings.split(",")
     cases = a.cases.split(",")
@@ -97,8 +101,14 @@ def main():
         for rnd in range(1, a.rounds + 1):
             k = (rnd - 1) % len(settings)
             for s in settings[k:] + settings[:k]:
-                with open(knob, "w") as f:
-                    f.write(s)
+                ini_env = dict(os.environ)
+                if a.initiator_var:
+                    ini_env.pop(a.initiator_var, None)
+                    if s != "-":
+                        ini_env[a.initiator_var] = s
+                else:
+                    with open(knob, "w") as f:
+                        f.write(s)
                 time.sleep(0.25)
                 for case in cases:
                     n, shape = CASES[case]
@@ -106,7 +116,8 @@ def main():
                            "--local_server_name=127.0.0.1", "--segment_id=" + ",".join(segs[:n]),
                            *shape, "--buffer_size=536870912",
                            f"--duration={a.duration}", "--json"]
-                    ini = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                    ini = subprocess.Popen(cmd, env=ini_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                           text=True)
                     t0 = time.monotonic()
                     time.sleep(0.3 * a.duration)
                     s0, w0 = threads_of(pids), time.monotonic()
