@@ -48,8 +48,13 @@ impl ResolvedHosts {
         let mut names = self.names.write();
         if names.len() >= MAX_NAMES && !names.contains_key(host) {
             names.retain(|_, &mut (_, at)| fresh(at));
-            if names.len() >= MAX_NAMES {
-                names.clear();
+            // All fresh: the one resolved longest ago makes room.
+            let oldest = names
+                .iter()
+                .min_by_key(|(_, &(_, at))| at)
+                .map(|(name, _)| name.clone());
+            if let (true, Some(name)) = (names.len() >= MAX_NAMES, oldest) {
+                names.remove(&name);
             }
         }
         names.insert(host.to_string(), (ip, now));
@@ -124,18 +129,24 @@ mod tests {
         let later = t0 + TTL;
         hosts.ip_of("new", later, || Ok(ip(2))).unwrap();
         assert_eq!(hosts.len(), 1);
-        // All fresh: the map starts over rather than grow.
+        // All fresh: the one resolved longest ago makes room, the rest stay kept.
         for i in 1..MAX_NAMES {
-            hosts
-                .ip_of(&format!("more-{i}"), later, || Ok(ip(3)))
-                .unwrap();
+            let at = later + Duration::from_micros(i as u64);
+            hosts.ip_of(&format!("more-{i}"), at, || Ok(ip(3))).unwrap();
         }
         assert_eq!(hosts.len(), MAX_NAMES);
-        hosts.ip_of("one-too-many", later, || Ok(ip(4))).unwrap();
-        assert_eq!(hosts.len(), 1);
+        let at = later + Duration::from_millis(10);
+        hosts.ip_of("one-too-many", at, || Ok(ip(4))).unwrap();
+        assert_eq!(hosts.len(), MAX_NAMES);
         assert_eq!(
-            hosts.ip_of("one-too-many", later, || Ok(ip(5))).unwrap(),
+            hosts.ip_of("one-too-many", at, || Ok(ip(5))).unwrap(),
             ip(4)
+        );
+        assert_eq!(hosts.ip_of("more-1", at, || Ok(ip(6))).unwrap(), ip(3));
+        assert_eq!(
+            hosts.ip_of("new", at, || Ok(ip(7))).unwrap(),
+            ip(7),
+            "the oldest went"
         );
     }
 }
