@@ -108,6 +108,10 @@ pub struct Config {
     /// 0 to 64, 0 leaves every batch to the lanes; default from the CPUs
     /// ([`caller_conns_for_cpus`]).
     pub tcp_caller_conns: usize,
+    /// `MC_TCP_WRITE_RUNS` (ours, default on): writes sent together to a peer of ours go
+    /// as one run, headers first, which its server takes in with fewer system calls; off
+    /// sends each with its own header, as to upstream's servers (which always get that).
+    pub tcp_write_runs: bool,
     /// `MC_TCP_SAME_HOST_CC` (ours): the congestion control of data connections between two
     /// addresses of this host (`None`: the system's, `system`); default from the CPUs
     /// ([`same_host_cc_for_cpus`]).
@@ -258,6 +262,7 @@ impl Default for Config {
             tcp_pipeline_depth: 16,
             tcp_spin: spin_for_cpus(available_cpus()),
             tcp_caller_conns: caller_conns_for_cpus(available_cpus()),
+            tcp_write_runs: true,
             tcp_same_host_cc: same_host_cc_for_cpus(available_cpus()),
             tcp_link_idle_timeout: Duration::from_secs(120),
             metrics_port: None,
@@ -507,6 +512,11 @@ impl Config {
             }
             c.tcp_caller_conns = n;
         }
+        c.tcp_write_runs = env.switch(
+            "MC_TCP_WRITE_RUNS",
+            c.tcp_write_runs,
+            "1/true/yes/on or 0/false/no/off",
+        )?;
         if let Some(v) = get("MC_TCP_SAME_HOST_CC") {
             c.tcp_same_host_cc = congestion_control(&v)
                 .ok_or_else(|| env.error("MC_TCP_SAME_HOST_CC", CC_EXPECTED))?;
@@ -941,6 +951,7 @@ mod tests {
             ("MC_TCP_SPIN_US", "20"),
             ("MC_TCP_CALLER_CONNS", "0"),
             ("MC_TCP_SAME_HOST_CC", "cubic"),
+            ("MC_TCP_WRITE_RUNS", "off"),
             ("MC_TCP_BIND_ADDRESS", "127.0.0.1"),
             ("MC_LOG_LEVEL", "warning"),
             ("MC_HANDSHAKE_SERVER_TIMEOUT", "3"),
@@ -1091,6 +1102,7 @@ mod tests {
             ("MC_TCP_SAME_HOST_CC", ""),
             ("MC_TCP_SAME_HOST_CC", "bbr cubic"),
             ("MC_TCP_SAME_HOST_CC", "a_name_too_long_for_it"),
+            ("MC_TCP_WRITE_RUNS", "sometimes"),
             ("MC_TCP_STATUS_TIMEOUT_SEC", "0"),
             ("MC_TCP_BIND_ADDRESS", "localhost"),
             ("MC_METRICS_PORT", "70000"),

@@ -118,6 +118,7 @@ impl Side {
         let mut d = SegmentDesc {
             name: self.name.clone(),
             tcp_proto_version: 2,
+            tcp_write_runs: false,
             buffers: vec![BufferDesc {
                 name: self.name.clone(),
                 addr: self.buf.addr(),

@@ -497,6 +497,7 @@ impl Inner {
             tcp_data_port: 0,
             tcp_data_host: None,
             tcp_proto_version: 0,
+            tcp_write_runs: false,
             timestamp: net::timestamp_now(),
             buffers: self
                 .memory

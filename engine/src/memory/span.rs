@@ -151,8 +151,50 @@ impl MemSpan {
         sock: &TcpStream,
         cut: &SocketCut,
         spare: &mut [u8],
+        before_wait: Option<&mut dyn FnMut() -> io::Result<()>>,
+    ) -> io::Result<usize> {
+        Self::recv_all_with_spare(*self, &[], sock, cut, spare, before_wait)
+    }
+
+    /// Fills `head`, then every span of `more`, in order, as
+    /// [`recv_with_spare`](Self::recv_with_spare) fills one span: each system call takes in
+    /// as many of them as the socket holds.
+    pub fn recv_all_with_spare(
+        head: MemSpan,
+        more: &[MemSpan],
+        sock: &TcpStream,
+        cut: &SocketCut,
+        spare: &mut [u8],
         mut before_wait: Option<&mut dyn FnMut() -> io::Result<()>>,
     ) -> io::Result<usize> {
+        const NONE: libc::iovec = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let total = head.len + more.iter().map(|s| s.len).sum::<usize>();
+        // On the stack for up to 64 spans, a TCP run's worth (the hot path allocates nothing).
+        let mut on_stack = [NONE; 2 + 64];
+        let mut on_heap = Vec::new();
+        let iov: &mut [libc::iovec] = match on_stack.get_mut(..more.len() + 2) {
+            Some(part) => part,
+            None => {
+                on_heap.resize(more.len() + 2, NONE);
+                &mut on_heap
+            }
+        };
+        let spare_iov = libc::iovec {
+            iov_base: spare.as_mut_ptr() as *mut libc::c_void,
+            iov_len: spare.len(),
+        };
+        let spans = std::iter::once(&head).chain(more);
+        for (v, from) in iov
+            .iter_mut()
+            .zip(spans.map(MemSpan::iovec).chain([spare_iov]))
+        {
+            *v = from;
+        }
+        // The first iovec not yet full; spans of no bytes need no call.
+        let mut first = 0;
         let mut off = 0usize;
         let mut extra = 0usize;
         let mut flags = if before_wait.is_some() {
@@ -160,27 +202,23 @@ impl MemSpan {
         } else {
             0
         };
-        while off < self.len {
+        while off < total {
             cut.check()?;
-            let iov = [
-                libc::iovec {
-                    iov_base: (self.addr as usize + off) as *mut libc::c_void,
-                    iov_len: self.len - off,
-                },
-                libc::iovec {
-                    iov_base: spare.as_mut_ptr() as *mut libc::c_void,
-                    iov_len: spare.len(),
-                },
-            ];
-            // SAFETY: the first iovec lies in the span, valid for writing by the contract
-            // of `new`; the second is `spare`, borrowed mutably. The kernel fills them in
-            // order, so `spare` only gets bytes once the span is full.
-            let n = unsafe { recv_iov(sock.as_raw_fd(), &iov, flags) };
+            while iov.get(first).is_some_and(|v| v.iov_len == 0) && first + 1 < iov.len() {
+                first += 1;
+            }
+            let calls = iov.get(first..).unwrap_or_default();
+            let calls = calls.get(..calls.len().min(IOV_MAX)).unwrap_or_default();
+            // SAFETY: every iovec but the last lies in a span (what is left of it), valid for
+            // writing by the contract of `new`; the last is `spare`, borrowed mutably. The
+            // kernel fills them in order, so `spare` only gets bytes once the spans are full.
+            let n = unsafe { recv_iov(sock.as_raw_fd(), calls, flags) };
             if n > 0 {
                 let n = n as usize;
-                let into_span = n.min(self.len - off);
-                off += into_span;
-                extra = n - into_span;
+                let into_spans = n.min(total - off);
+                off += into_spans;
+                extra = n - into_spans;
+                consume(iov.get_mut(first..).unwrap_or_default(), into_spans);
             } else if n == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             } else {
@@ -189,7 +227,7 @@ impl MemSpan {
                     retry_or(e)?;
                 }
             }
-            if flags != 0 && off < self.len {
+            if flags != 0 && off < total {
                 flags = 0;
                 if let Some(f) = before_wait.take() {
                     f()?;
@@ -295,8 +333,6 @@ fn iovec_of(bytes: &[u8]) -> libc::iovec {
 /// system call. The iovecs come from borrowed slices and [`MemSpan`]s, so they describe
 /// readable memory.
 fn send_all(sock: &TcpStream, iov: &mut [libc::iovec], cut: &SocketCut) -> io::Result<()> {
-    // sendmsg takes at most IOV_MAX (1024) iovecs a call.
-    const IOV_MAX: usize = 1024;
     let mut first = 0usize;
     loop {
         // Empty iovecs (an empty head or span) need no system call of their own.
@@ -314,22 +350,26 @@ fn send_all(sock: &TcpStream, iov: &mut [libc::iovec], cut: &SocketCut) -> io::R
         let n = unsafe { send_iov(sock.as_raw_fd(), part) };
         match n {
             0 => return Err(io::ErrorKind::WriteZero.into()),
-            n if n > 0 => {
-                let mut n = n as usize;
-                while n > 0 {
-                    let Some(v) = iov.get_mut(first) else { break };
-                    if n >= v.iov_len {
-                        n -= v.iov_len;
-                        first += 1;
-                    } else {
-                        v.iov_base = (v.iov_base as usize + n) as *mut libc::c_void;
-                        v.iov_len -= n;
-                        n = 0;
-                    }
-                }
-            }
+            n if n > 0 => consume(iov.get_mut(first..).unwrap_or_default(), n as usize),
             _ => retry_or(io::Error::last_os_error())?,
         }
+    }
+}
+
+/// `sendmsg` and `recvmsg` take at most IOV_MAX (1024) iovecs a call.
+const IOV_MAX: usize = 1024;
+
+/// Advances `iov` past `n` bytes that a system call moved: the iovecs it filled or emptied
+/// become empty, the one it stopped in starts where it stopped.
+fn consume(iov: &mut [libc::iovec], mut n: usize) {
+    for v in iov {
+        if n == 0 {
+            break;
+        }
+        let step = n.min(v.iov_len);
+        v.iov_base = (v.iov_base as usize + step) as *mut libc::c_void;
+        v.iov_len -= step;
+        n -= step;
     }
 }
 

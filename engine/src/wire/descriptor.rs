@@ -31,6 +31,10 @@ pub struct SegmentDesc {
     /// TCP protocol version; absent means 1.
     #[serde(default = "v1")]
     pub tcp_proto_version: u32,
+    /// The data port takes runs of writes, headers first (`wire::tcp::RunHeader`); ours
+    /// only, not sent by upstream, whose servers would refuse them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tcp_write_runs: bool,
     /// Wall-clock time of encoding, `YYYY-MM-DD HH:MM:SS.ffffff`.
     #[serde(default)]
     pub timestamp: String,

@@ -71,6 +71,14 @@ mod fuzz {
             let _ = super::handshake::decode_body(&bytes);
             if let Ok(h) = <[u8; 24]>::try_from(&bytes[..bytes.len().min(24)]) {
                 let _ = super::tcp::RequestHeader::decode(&h);
+                if let Some(Ok(run)) = super::tcp::RunHeader::decode(&h) {
+                    let heads: Vec<_> = bytes
+                        .chunks_exact(24)
+                        .filter_map(|c| <[u8; 24]>::try_from(c).ok())
+                        .filter_map(|c| super::tcp::RequestHeader::decode(&c).ok())
+                        .collect();
+                    let _ = run.check(&heads);
+                }
             }
             if let Ok(s) = <[u8; 8]>::try_from(&bytes[..bytes.len().min(8)]) {
                 let _ = super::tcp::Status::decode(&s);

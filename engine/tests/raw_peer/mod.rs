@@ -75,6 +75,19 @@ pub fn serve_descriptor(
     String,
     transfer_engine::metadata::handshake::HandshakeServer,
 ) {
+    serve_descriptor_taking_runs(data_port, remote, false)
+}
+
+/// As [`serve_descriptor`], saying in the descriptor whether the data port takes runs of
+/// writes (`tcp_write_runs`, ours only; upstream's descriptors never say so).
+pub fn serve_descriptor_taking_runs(
+    data_port: u16,
+    remote: u64,
+    write_runs: bool,
+) -> (
+    String,
+    transfer_engine::metadata::handshake::HandshakeServer,
+) {
     use transfer_engine::metadata::handshake::HandshakeServer;
     use transfer_engine::wire::descriptor::{BufferDesc, SegmentDesc};
     use transfer_engine::wire::handshake::MessageType;
@@ -88,6 +101,7 @@ pub fn serve_descriptor(
         tcp_data_port: data_port,
         tcp_data_host: None,
         tcp_proto_version: 2,
+        tcp_write_runs: write_runs,
         timestamp: String::new(),
         buffers: vec![BufferDesc {
             name: session.clone(),

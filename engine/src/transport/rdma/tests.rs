@@ -96,6 +96,7 @@ impl Side {
             tcp_data_port: 1,
             tcp_data_host: Some("127.0.0.1".into()),
             tcp_proto_version: 2,
+            tcp_write_runs: false,
             timestamp: String::new(),
             buffers: self
                 .memory

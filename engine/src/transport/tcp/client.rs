@@ -49,7 +49,9 @@ use crate::error::TransferError;
 use crate::log_throttle::LogThrottle;
 use crate::memory::{Abort, MemSpan, SocketCut};
 use crate::transport::{Held, Slice};
-use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN, STATUS_LEN};
+use crate::wire::tcp::{
+    OpCode, RequestHeader, RunHeader, Status, HEADER_LEN, RUN_MAX_BYTES, RUN_MAX_WRITES, STATUS_LEN,
+};
 
 /// How long a failed connect keeps failing new slices without retrying.
 const DEAD_PEER_HOLD: Duration = Duration::from_millis(500);
@@ -119,9 +121,19 @@ const DIRECT_REPLY_WAIT: Duration = Duration::from_millis(5);
 /// reading (seen with a peer window of 2 KiB), so the send does not wait in practice.
 const DIRECT_SEND_WAIT: Duration = Duration::from_millis(100);
 
+/// How a link frames its requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Framing {
+    /// v2 headers, each answered by a status (upstream 0.3.12+ and ours).
+    pub v2: bool,
+    /// Writes sent together go as a run, headers first ([`RunHeader`]; ours only).
+    pub write_runs: bool,
+}
+
 struct LinkShared {
     peer: SocketAddr,
     v2: bool,
+    write_runs: bool,
     connect_timeout: Duration,
     io_timeout: Duration,
     depth: usize,
@@ -166,7 +178,7 @@ impl PeerLink {
     /// Connects, reconnects and re-sends are counted in `counters`.
     pub fn new(
         peer: SocketAddr,
-        v2: bool,
+        framing: Framing,
         cfg: &Config,
         counters: Arc<LinkCounters>,
         budget: &Arc<LaneBudget>,
@@ -174,7 +186,8 @@ impl PeerLink {
         let (tx, rx) = unbounded();
         let shared = Arc::new(LinkShared {
             peer,
-            v2,
+            v2: framing.v2,
+            write_runs: framing.write_runs,
             connect_timeout: cfg.handshake_connect_timeout,
             io_timeout: cfg.tcp_status_timeout,
             depth: cfg.tcp_pipeline_depth,
@@ -1172,14 +1185,27 @@ impl Conn {
             .iter()
             .map(|h| header_of(h.slice(), shared.v2))
             .collect();
-        let pieces: Vec<(&[u8], Option<MemSpan>)> = group
-            .iter()
-            .zip(&headers)
-            .map(|(h, head)| {
-                let payload = (h.slice().op == OpCode::Write).then(|| h.local_span());
-                (head.as_slice(), payload)
-            })
-            .collect();
+        let run = run_of(group, shared);
+        let mut run_head = Vec::new();
+        let pieces: Vec<(&[u8], Option<MemSpan>)> = match run {
+            // Headers first: the peer knows where every payload goes before the first byte.
+            Some(run) => {
+                run_head.reserve((group.len() + 1) * HEADER_LEN);
+                run_head.extend_from_slice(&run.encode());
+                headers.iter().for_each(|h| run_head.extend_from_slice(h));
+                std::iter::once((run_head.as_slice(), None))
+                    .chain(group.iter().map(|h| (&[][..], Some(h.local_span()))))
+                    .collect()
+            }
+            None => group
+                .iter()
+                .zip(&headers)
+                .map(|(h, head)| {
+                    let payload = (h.slice().op == OpCode::Write).then(|| h.local_span());
+                    (head.as_slice(), payload)
+                })
+                .collect(),
+        };
         if let Err(e) = MemSpan::send_pieces(&self.stream, &pieces, &self.cut) {
             tracing::debug!("send to {} failed: {e}", shared.peer);
             self.break_off();
@@ -1461,6 +1487,24 @@ struct Ahead {
 fn group_cap(depth: usize, waiting: usize, batch: usize, lanes: usize) -> usize {
     let even = waiting.max(batch).div_ceil(lanes.max(1)).max(1);
     GROUP_REQUESTS.min(depth.max(1)).min(even)
+}
+
+/// The run a group of host-memory writes goes out as, to a peer that takes runs: two
+/// writes at least, within a run's bounds.
+fn run_of(group: &[Held], shared: &LinkShared) -> Option<RunHeader> {
+    let writes = group.len();
+    if !shared.write_runs || !(2..=RUN_MAX_WRITES).contains(&writes) {
+        return None;
+    }
+    let mut bytes = 0u64;
+    for h in group {
+        let s = h.slice();
+        if s.op != OpCode::Write || s.local_device.is_some() {
+            return None;
+        }
+        bytes = bytes.checked_add(s.len)?;
+    }
+    (bytes <= RUN_MAX_BYTES).then_some(RunHeader { writes, bytes })
 }
 
 fn header_of(s: &Slice, v2: bool) -> [u8; HEADER_LEN] {

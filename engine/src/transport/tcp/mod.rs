@@ -33,7 +33,7 @@ use crate::net;
 use crate::wire::descriptor::SegmentDesc;
 use crate::wire::session::{HostPort, SegmentId};
 use budget::LaneBudget;
-use client::{LinkCounters, PeerLink};
+use client::{Framing, LinkCounters, PeerLink};
 use resolved_hosts::ResolvedHosts;
 use server::TcpServer;
 
@@ -51,7 +51,7 @@ pub struct TcpTransport {
     host: String,
     data_port: u16,
     // Dropped before the server (field order): lanes stop, failing queued slices, first.
-    links: Mutex<HashMap<(SocketAddr, bool), Arc<PeerLink>>>,
+    links: Mutex<HashMap<(SocketAddr, Framing), Arc<PeerLink>>>,
     /// Peers' data hosts given by name, resolved once per `resolved_hosts::TTL`.
     hosts: ResolvedHosts,
     counters: Arc<LinkCounters>,
@@ -110,8 +110,14 @@ impl TcpTransport {
         self.data_port
     }
 
-    fn v2(&self, peer: &SegmentDesc) -> bool {
-        peer.tcp_proto_version >= 2 && self.config.tcp_proto != Some(1)
+    /// How requests to `peer` are framed: v2 unless it is older or `MC_TCP_PROTO=1`; writes
+    /// in runs when it says it takes them and `MC_TCP_WRITE_RUNS` does not turn them off.
+    fn framing(&self, peer: &SegmentDesc) -> Framing {
+        let v2 = peer.tcp_proto_version >= 2 && self.config.tcp_proto != Some(1);
+        Framing {
+            v2,
+            write_runs: v2 && peer.tcp_write_runs && self.config.tcp_write_runs,
+        }
     }
 
     /// Where the segment's data port listens.
@@ -152,20 +158,25 @@ impl TcpTransport {
         }
     }
 
-    fn link(&self, addr: SocketAddr, v2: bool) -> Result<Arc<PeerLink>, TransportError> {
+    fn link(&self, addr: SocketAddr, framing: Framing) -> Result<Arc<PeerLink>, TransportError> {
         let mut links = self.links.lock();
-        if let Some(l) = links.get(&(addr, v2)) {
+        if let Some(l) = links.get(&(addr, framing)) {
             return Ok(l.clone());
         }
         let link = Arc::new(
-            PeerLink::new(addr, v2, &self.config, self.counters.clone(), &self.lanes).map_err(
-                |source| TransportError::Io {
-                    what: format!("cannot start connection threads to {addr}"),
-                    source,
-                },
-            )?,
+            PeerLink::new(
+                addr,
+                framing,
+                &self.config,
+                self.counters.clone(),
+                &self.lanes,
+            )
+            .map_err(|source| TransportError::Io {
+                what: format!("cannot start connection threads to {addr}"),
+                source,
+            })?,
         );
-        links.insert((addr, v2), link.clone());
+        links.insert((addr, framing), link.clone());
         Ok(link)
     }
 }
@@ -184,6 +195,7 @@ impl Transport for TcpTransport {
         desc.tcp_data_port = self.data_port;
         desc.tcp_data_host = Some(self.host.clone());
         desc.tcp_proto_version = 2;
+        desc.tcp_write_runs = true;
     }
 
     fn reaches(&self, peer: &SegmentDesc) -> bool {
@@ -192,7 +204,11 @@ impl Transport for TcpTransport {
 
     fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<String> {
         let addr = self.data_addr(segment, peer).ok()?;
-        let link = self.links.lock().get(&(addr, self.v2(peer))).cloned()?;
+        let link = self
+            .links
+            .lock()
+            .get(&(addr, self.framing(peer)))
+            .cloned()?;
         link.unreachable()
     }
 
@@ -224,7 +240,7 @@ impl Transport for TcpTransport {
         slices: Vec<Slice>,
     ) -> Result<(), TransportError> {
         let addr = self.data_addr(segment, peer)?;
-        let link = self.link(addr, self.v2(peer))?;
+        let link = self.link(addr, self.framing(peer))?;
         // A batch its caller waits for at once may run on the caller's thread.
         let waited = slices.first().is_some_and(|s| s.batch.caller_waits());
         if waited && slices.len() == 1 {

@@ -143,40 +143,60 @@ impl ReadAhead {
         stream: &TcpStream,
         cut: &SocketCut,
         span: MemSpan,
+        before_wait: Option<&mut dyn FnMut() -> io::Result<()>>,
+    ) -> io::Result<()> {
+        self.recv_spans(stream, cut, &[span], before_wait)
+    }
+
+    /// Fills every span of `spans` in order, as [`recv_span`](Self::recv_span) fills one:
+    /// the system calls take in as many of them at once as the socket holds.
+    pub fn recv_spans(
+        &mut self,
+        stream: &TcpStream,
+        cut: &SocketCut,
+        spans: &[MemSpan],
         mut before_wait: Option<&mut dyn FnMut() -> io::Result<()>>,
     ) -> io::Result<()> {
-        let have = self.buffered().min(span.len());
-        if have > 0 {
-            let from = self
-                .buf
-                .get(self.start..self.start + have)
-                .unwrap_or_default();
-            span.write_from(from)
-                .map_err(|e| io::Error::other(format!("read-ahead copy: {e:?}")))?;
-            self.start += have;
+        // The first span the buffered bytes do not fill, and where in it they stop.
+        let mut next = None;
+        for (i, span) in spans.iter().enumerate() {
+            let have = self.buffered().min(span.len());
+            if have > 0 {
+                let from = self
+                    .buf
+                    .get(self.start..self.start + have)
+                    .unwrap_or_default();
+                span.write_from(from)
+                    .map_err(|e| io::Error::other(format!("read-ahead copy: {e:?}")))?;
+                self.start += have;
+            }
+            if have < span.len() {
+                next = Some((i, span.tail(have)));
+                break;
+            }
         }
-        let mut rest = span.tail(have);
-        if rest.is_empty() {
+        let Some((i, mut first)) = next else {
             return cut.check();
-        }
-        // The buffer is empty now (the span took all of it).
+        };
+        let more = spans.get(i + 1..).unwrap_or_default();
+        // The buffer is empty now (the spans took all of it).
         self.start = 0;
         self.end = 0;
         // The kernel copies a large payload slower into memory that does not start on a
         // cache line (4 MiB writes served 5-7% slower on the 2-core VM when the bytes taken
         // from here left the rest 40 bytes off): the few bytes up to the next line first.
-        let skew = (rest.addr() % CACHE_LINE) as usize;
-        if skew != 0 && rest.len() >= REALIGN_FROM {
+        let skew = (first.addr() % CACHE_LINE) as usize;
+        if skew != 0 && first.len() >= REALIGN_FROM {
             // This receive may wait: whatever the peer may be waiting for goes first.
             if let Some(f) = before_wait.take() {
                 f()?;
             }
-            let lead = rest.head(CACHE_LINE as usize - skew);
+            let lead = first.head(CACHE_LINE as usize - skew);
             lead.recv_from(stream, cut)?;
-            rest = rest.tail(lead.len());
+            first = first.tail(lead.len());
         }
         let spare = self.buf.get_mut(..AFTER_PAYLOAD).unwrap_or_default();
-        self.end = rest.recv_with_spare(stream, cut, spare, before_wait)?;
+        self.end = MemSpan::recv_all_with_spare(first, more, stream, cut, spare, before_wait)?;
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 //! region for the access (so `unregister` can cut this connection and know when the
 //! memory is free), then moves bytes straight between the socket and that memory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -25,7 +25,7 @@ use crate::log_throttle::LogThrottle;
 use crate::memory::{Abort, MemSpan, MemoryRegistry, Pin, SocketCut};
 use crate::metrics::ConnectionCounters as LinkCounters;
 use crate::net;
-use crate::wire::tcp::{OpCode, RequestHeader, Status, HEADER_LEN, STATUS_LEN};
+use crate::wire::tcp::{OpCode, RequestHeader, RunHeader, Status, HEADER_LEN, STATUS_LEN};
 
 /// A running data-port listener; stops (and closes its connections) on drop.
 pub struct TcpServer {
@@ -203,21 +203,61 @@ fn serve(
     // The stager of the last read out of device memory, holding the first chunk of the
     // request after it (a read out of the same device, here already then).
     let mut kept: Option<Lease> = None;
+    // Headers of a run of writes whose payloads come next, in order (see `RunHeader`), when
+    // the run is not taken in at once: each is then served as if it had come alone.
+    let mut queued: VecDeque<RequestHeader> = VecDeque::new();
     loop {
-        // The peer sent nothing more yet: it may wait for the statuses of what it sent.
-        if landing.is_some() && !request_waiting(&stream, &ahead) {
-            land(&mut landing, &mut statuses, &mut own)?;
-        }
-        if !wait_for_request(&stream, peer, cut, shared, &ahead, small)? {
-            return Ok(());
-        }
-        // The header, once its first byte is here, within the I/O timeout.
-        cut.set_deadline(Some(shared.io_timeout));
-        let Some(header) = ahead.take::<HEADER_LEN>(&mut own, 0)? else {
-            return Ok(());
+        let h = match queued.pop_front() {
+            Some(h) => h,
+            None => {
+                // The peer sent nothing more yet: it may wait for the statuses of what it sent.
+                if landing.is_some() && !request_waiting(&stream, &ahead) {
+                    land(&mut landing, &mut statuses, &mut own)?;
+                }
+                if !wait_for_request(&stream, peer, cut, shared, &ahead, small)? {
+                    return Ok(());
+                }
+                // The header, once its first byte is here, within the I/O timeout.
+                cut.set_deadline(Some(shared.io_timeout));
+                let Some(header) = ahead.take::<HEADER_LEN>(&mut own, 0)? else {
+                    return Ok(());
+                };
+                match RunHeader::decode(&header) {
+                    None => RequestHeader::decode(&header).map_err(invalid)?,
+                    Some(run) => {
+                        let run = run.map_err(invalid)?;
+                        // The run, headers and payloads, within the I/O timeout plus 1 ns per byte.
+                        cut.set_deadline(Some(shared.io_timeout + Duration::from_nanos(run.bytes)));
+                        let mut writes = Vec::with_capacity(run.writes);
+                        for _ in 0..run.writes {
+                            let Some(b) = ahead.take::<HEADER_LEN>(&mut own, 0)? else {
+                                return Err(io::ErrorKind::UnexpectedEof.into());
+                            };
+                            writes.push(RequestHeader::decode(&b).map_err(invalid)?);
+                        }
+                        run.check(&writes).map_err(invalid)?;
+                        // Statuses go out in order: those of writes still landing first.
+                        land(&mut landing, &mut statuses, &mut own)?;
+                        drop(kept.take());
+                        let mut took = RunTaken {
+                            ahead: &mut ahead,
+                            statuses: &mut statuses,
+                            own: &mut own,
+                            last: &mut last,
+                        };
+                        if took.in_host_memory(&stream, cut, shared, &holder, &writes)? {
+                            small = false;
+                            continue;
+                        }
+                        queued.extend(writes);
+                        let Some(h) = queued.pop_front() else {
+                            continue;
+                        };
+                        h
+                    }
+                }
+            }
         };
-        let h = RequestHeader::decode(&header)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         // Back to the pool unless this request is a read out of its device (below).
         let kept_stager = kept.take();
         small = h.size <= super::spin::SMALL_REQUEST;
@@ -340,6 +380,66 @@ fn serve(
             }
         }
         count_served(&shared.counters, h.opcode, h.size);
+    }
+}
+
+fn invalid(e: crate::wire::WireError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// What a run of writes is taken in with.
+struct RunTaken<'a, 'c> {
+    ahead: &'a mut ReadAhead,
+    statuses: &'a mut HeldStatuses,
+    own: &'a mut CutStream<'c>,
+    last: &'a mut Option<Arc<crate::memory::Region>>,
+}
+
+impl RunTaken<'_, '_> {
+    /// Takes in a run's payloads when every write lands in registered host memory: all of
+    /// them by the same few system calls, then their statuses together. False, having read
+    /// nothing, when one does not (device memory, or outside every region): the writes are
+    /// then served one by one, as they would be if sent alone.
+    fn in_host_memory(
+        &mut self,
+        stream: &TcpStream,
+        cut: &SocketCut,
+        shared: &Shared,
+        holder: &Arc<dyn Abort>,
+        writes: &[RequestHeader],
+    ) -> io::Result<bool> {
+        let mut pins = Vec::with_capacity(writes.len());
+        let mut spans = Vec::with_capacity(writes.len());
+        for h in writes {
+            let Some(pin) = shared.memory.pin_near(h.addr, h.size, holder, self.last) else {
+                return Ok(false);
+            };
+            let span = match pin.span(h.addr, h.size) {
+                Some(span) if pin.region().device.is_none() => span,
+                _ => return Ok(false),
+            };
+            pins.push(pin);
+            spans.push(span);
+        }
+        // Statuses held back go out before this waits for the peer's bytes.
+        let held = !self.statuses.is_empty();
+        let own = &mut *self.own;
+        let statuses = &mut *self.statuses;
+        let mut send_held = || statuses.flush(&mut own.clone());
+        let before_wait = held.then_some(&mut send_held as &mut dyn FnMut() -> io::Result<()>);
+        self.ahead.recv_spans(stream, cut, &spans, before_wait)?;
+        drop(pins);
+        let ok = Status::Ok.encode();
+        let Some((last, before)) = writes.split_last() else {
+            return Ok(true);
+        };
+        for h in before {
+            self.statuses.hold(&ok);
+            count_served(&shared.counters, OpCode::Write, h.size);
+        }
+        count_served(&shared.counters, OpCode::Write, last.size);
+        self.statuses.answer(self.own, &ok, self.ahead)?;
+        Ok(true)
     }
 }
 
