@@ -9,44 +9,16 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 
+mod raw_peer;
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use transfer_engine::wire::tcp::{RequestHeader, Status, HEADER_LEN, STATUS_LEN};
-use transfer_engine::{Config, HostBuffer, OpCode, TransferEngine};
+use transfer_engine::wire::tcp::{RequestHeader, Status};
+use transfer_engine::OpCode;
 
-const LEN: usize = 4 << 20;
-
-fn target() -> (TransferEngine, HostBuffer, SocketAddr) {
-    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
-    let buf = HostBuffer::new(LEN);
-    e.register_memory(buf.addr(), LEN as u64, "cpu:0").unwrap();
-    let data = format!("127.0.0.1:{}", e.data_port()).parse().unwrap();
-    (e, buf, data)
-}
-
-fn header(op: OpCode, addr: u64, size: usize) -> [u8; HEADER_LEN] {
-    RequestHeader {
-        size: size as u64,
-        addr,
-        opcode: op,
-        v2: true,
-    }
-    .encode()
-}
-
-fn status(s: &mut TcpStream) -> Status {
-    let mut b = [0u8; STATUS_LEN];
-    s.read_exact(&mut b).unwrap();
-    Status::decode(&b).unwrap()
-}
-
-fn pattern(seed: usize, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i * 31 + seed * 7) % 253) as u8)
-        .collect()
-}
+use raw_peer::{header, pattern, status, target, TARGET_LEN as LEN};
 
 /// Writes of several sizes, one outside the buffer, and a read, all sent in one go: every
 /// status comes back, in order, and each byte lands where its request said.

@@ -13,36 +13,17 @@
 
 mod raw_peer;
 
+use raw_peer::{header, pattern, status, target};
+
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use transfer_engine::wire::tcp::{
     RequestHeader, RunHeader, Status, HEADER_LEN, RUN_MAX_BYTES, RUN_MAX_WRITES, RUN_OPCODE,
-    STATUS_LEN,
 };
 use transfer_engine::{Config, HostBuffer, OpCode, Request, TransferEngine};
-
-const LEN: usize = 4 << 20;
-
-fn target() -> (TransferEngine, HostBuffer, SocketAddr) {
-    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
-    let buf = HostBuffer::new(LEN);
-    e.register_memory(buf.addr(), LEN as u64, "cpu:0").unwrap();
-    let data = format!("127.0.0.1:{}", e.data_port()).parse().unwrap();
-    (e, buf, data)
-}
-
-fn write_header(addr: u64, size: usize) -> [u8; HEADER_LEN] {
-    RequestHeader {
-        size: size as u64,
-        addr,
-        opcode: OpCode::Write,
-        v2: true,
-    }
-    .encode()
-}
 
 fn run_bytes(writes: &[(u64, Vec<u8>)]) -> Vec<u8> {
     let bytes = writes.iter().map(|(_, b)| b.len() as u64).sum();
@@ -53,24 +34,12 @@ fn run_bytes(writes: &[(u64, Vec<u8>)]) -> Vec<u8> {
     .encode()
     .to_vec();
     for (addr, b) in writes {
-        wire.extend_from_slice(&write_header(*addr, b.len()));
+        wire.extend_from_slice(&header(OpCode::Write, *addr, b.len()));
     }
     for (_, b) in writes {
         wire.extend_from_slice(b);
     }
     wire
-}
-
-fn status(s: &mut TcpStream) -> Status {
-    let mut b = [0u8; STATUS_LEN];
-    s.read_exact(&mut b).unwrap();
-    Status::decode(&b).unwrap()
-}
-
-fn pattern(seed: usize, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
-        .collect()
 }
 
 fn landed(buf: &HostBuffer, off: usize, len: usize) -> Vec<u8> {
@@ -119,7 +88,7 @@ fn runs_land_every_write_and_are_answered_in_order() {
     with_outside.insert(2, outside);
     wire.extend_from_slice(&run_bytes(&with_outside));
     let plain = (3_500_000usize, pattern(99, 1000));
-    wire.extend_from_slice(&write_header(base + plain.0 as u64, plain.1.len()));
+    wire.extend_from_slice(&header(OpCode::Write, base + plain.0 as u64, plain.1.len()));
     wire.extend_from_slice(&plain.1);
     wire.extend_from_slice(
         &RequestHeader {
@@ -177,13 +146,13 @@ fn runs_out_of_bounds_or_at_odds_with_their_headers_close_the_connection() {
     ));
     cases.push(("too many bytes", head(1, RUN_MAX_BYTES + 1), false));
     let mut sums_differ = head(2, 8192);
-    sums_differ.extend_from_slice(&write_header(base, 4096));
-    sums_differ.extend_from_slice(&write_header(base + 4096, 4095));
+    sums_differ.extend_from_slice(&header(OpCode::Write, base, 4096));
+    sums_differ.extend_from_slice(&header(OpCode::Write, base + 4096, 4095));
     sums_differ.extend_from_slice(&payload);
     sums_differ.extend_from_slice(&payload);
     cases.push(("sizes that do not add up", sums_differ, false));
     let mut with_read = head(2, 8192);
-    with_read.extend_from_slice(&write_header(base, 4096));
+    with_read.extend_from_slice(&header(OpCode::Write, base, 4096));
     with_read.extend_from_slice(
         &RequestHeader {
             size: 4096,
@@ -208,11 +177,11 @@ fn runs_out_of_bounds_or_at_odds_with_their_headers_close_the_connection() {
     v1_inside.extend_from_slice(&payload);
     cases.push(("a v1 write inside", v1_inside, false));
     let mut cut_short = head(2, 8192);
-    cut_short.extend_from_slice(&write_header(base, 4096));
+    cut_short.extend_from_slice(&header(OpCode::Write, base, 4096));
     cases.push(("cut short in its headers", cut_short, true));
     let mut payload_short = head(2, 8192);
-    payload_short.extend_from_slice(&write_header(base, 4096));
-    payload_short.extend_from_slice(&write_header(base + 4096, 4096));
+    payload_short.extend_from_slice(&header(OpCode::Write, base, 4096));
+    payload_short.extend_from_slice(&header(OpCode::Write, base + 4096, 4096));
     payload_short.extend_from_slice(&payload[..100]);
     cases.push(("cut short in its payloads", payload_short, true));
     for (what, wire, half_close) in cases {

@@ -11,6 +11,47 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use socket2::{Domain, Socket, Type};
+use transfer_engine::wire::tcp::{RequestHeader, Status, HEADER_LEN, STATUS_LEN};
+use transfer_engine::{Config, HostBuffer, OpCode, TransferEngine};
+
+/// Bytes of the host buffer a [`target`] registers.
+pub const TARGET_LEN: usize = 4 << 20;
+
+/// An engine on 127.0.0.1 with one registered host buffer of [`TARGET_LEN`] bytes, and
+/// its data server's address, for a raw client to drive.
+pub fn target() -> (TransferEngine, HostBuffer, SocketAddr) {
+    let e = TransferEngine::new("127.0.0.1", "P2PHANDSHAKE", Config::default()).unwrap();
+    let buf = HostBuffer::new(TARGET_LEN);
+    e.register_memory(buf.addr(), TARGET_LEN as u64, "cpu:0")
+        .unwrap();
+    let data = format!("127.0.0.1:{}", e.data_port()).parse().unwrap();
+    (e, buf, data)
+}
+
+/// A v2 request header, as a raw client sends it.
+pub fn header(op: OpCode, addr: u64, size: usize) -> [u8; HEADER_LEN] {
+    RequestHeader {
+        size: size as u64,
+        addr,
+        opcode: op,
+        v2: true,
+    }
+    .encode()
+}
+
+/// The next status the server sends on `s`.
+pub fn status(s: &mut TcpStream) -> Status {
+    let mut b = [0u8; STATUS_LEN];
+    s.read_exact(&mut b).unwrap();
+    Status::decode(&b).unwrap()
+}
+
+/// `len` bytes that differ with `seed` and along the run, so a misplaced block shows.
+pub fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i * 31 + seed * 7) % 251) as u8)
+        .collect()
+}
 
 /// A TCP connection to `dst` from the loopback address `src` (127.0.0.2,
 /// ...), so per-address caps see it apart from an engine on 127.0.0.1.

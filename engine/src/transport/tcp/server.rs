@@ -239,13 +239,20 @@ fn serve(
                         // Statuses go out in order: those of writes still landing first.
                         land(&mut landing, &mut statuses, &mut own)?;
                         drop(kept.take());
-                        let mut took = RunTaken {
-                            ahead: &mut ahead,
-                            statuses: &mut statuses,
-                            own: &mut own,
-                            last: &mut last,
+                        let at = RunAt {
+                            stream: &stream,
+                            cut,
+                            shared,
+                            holder: &holder,
                         };
-                        if took.in_host_memory(&stream, cut, shared, &holder, &writes)? {
+                        if run_in_host_memory(
+                            at,
+                            &writes,
+                            &mut ahead,
+                            &mut statuses,
+                            &mut own,
+                            &mut last,
+                        )? {
                             small = false;
                             continue;
                         }
@@ -347,13 +354,7 @@ fn serve(
         })?;
         match h.opcode {
             OpCode::Write => {
-                // Statuses held back go out before this waits for the peer's bytes: a
-                // peer may wait for them before it sends more.
-                let held = !statuses.is_empty();
-                let mut send_held = || statuses.flush(&mut own.clone());
-                let before_wait =
-                    held.then_some(&mut send_held as &mut dyn FnMut() -> io::Result<()>);
-                ahead.recv_span(&stream, cut, span, before_wait)?;
+                receive_flushing_held(&mut ahead, &stream, cut, &[span], &mut statuses, &own)?;
                 statuses.answer(&mut own, status, &ahead)?;
             }
             OpCode::Read => {
@@ -387,60 +388,69 @@ fn invalid(e: crate::wire::WireError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
-/// What a run of writes is taken in with.
-struct RunTaken<'a, 'c> {
-    ahead: &'a mut ReadAhead,
-    statuses: &'a mut HeldStatuses,
-    own: &'a mut CutStream<'c>,
-    last: &'a mut Option<Arc<crate::memory::Region>>,
+/// Fills `spans` from the peer's bytes. Statuses held back go out before this waits for
+/// more of them: a peer may wait for those before it sends more.
+fn receive_flushing_held(
+    ahead: &mut ReadAhead,
+    stream: &TcpStream,
+    cut: &SocketCut,
+    spans: &[MemSpan],
+    statuses: &mut HeldStatuses,
+    own: &CutStream,
+) -> io::Result<()> {
+    let held = !statuses.is_empty();
+    let mut send_held = || statuses.flush(&mut own.clone());
+    let before_wait = held.then_some(&mut send_held as &mut dyn FnMut() -> io::Result<()>);
+    ahead.recv_spans(stream, cut, spans, before_wait)
 }
 
-impl RunTaken<'_, '_> {
-    /// Takes in a run's payloads when every write lands in registered host memory: all of
-    /// them by the same few system calls, then their statuses together. False, having read
-    /// nothing, when one does not (device memory, or outside every region): the writes are
-    /// then served one by one, as they would be if sent alone.
-    fn in_host_memory(
-        &mut self,
-        stream: &TcpStream,
-        cut: &SocketCut,
-        shared: &Shared,
-        holder: &Arc<dyn Abort>,
-        writes: &[RequestHeader],
-    ) -> io::Result<bool> {
-        let mut pins = Vec::with_capacity(writes.len());
-        let mut spans = Vec::with_capacity(writes.len());
-        for h in writes {
-            let Some(pin) = shared.memory.pin_near(h.addr, h.size, holder, self.last) else {
-                return Ok(false);
-            };
-            let span = match pin.span(h.addr, h.size) {
-                Some(span) if pin.region().device.is_none() => span,
-                _ => return Ok(false),
-            };
-            pins.push(pin);
-            spans.push(span);
-        }
-        // Statuses held back go out before this waits for the peer's bytes.
-        let held = !self.statuses.is_empty();
-        let own = &mut *self.own;
-        let statuses = &mut *self.statuses;
-        let mut send_held = || statuses.flush(&mut own.clone());
-        let before_wait = held.then_some(&mut send_held as &mut dyn FnMut() -> io::Result<()>);
-        self.ahead.recv_spans(stream, cut, &spans, before_wait)?;
-        drop(pins);
-        let ok = Status::Ok.encode();
-        let Some((last, before)) = writes.split_last() else {
-            return Ok(true);
+/// Where a run of writes is taken in: its connection and what the server shares.
+#[derive(Clone, Copy)]
+struct RunAt<'a> {
+    stream: &'a TcpStream,
+    cut: &'a SocketCut,
+    shared: &'a Shared,
+    holder: &'a Arc<dyn Abort>,
+}
+
+/// Takes in a run's payloads when every write lands in registered host memory: all of
+/// them by the same few system calls, then their statuses together. False, having read
+/// nothing, when one does not (device memory, or outside every region): the writes are
+/// then served one by one, as they would be if sent alone.
+fn run_in_host_memory(
+    at: RunAt,
+    writes: &[RequestHeader],
+    ahead: &mut ReadAhead,
+    statuses: &mut HeldStatuses,
+    own: &mut CutStream,
+    last: &mut Option<Arc<crate::memory::Region>>,
+) -> io::Result<bool> {
+    let mut pins = Vec::with_capacity(writes.len());
+    let mut spans = Vec::with_capacity(writes.len());
+    for h in writes {
+        let Some(pin) = at.shared.memory.pin_near(h.addr, h.size, at.holder, last) else {
+            return Ok(false);
         };
-        for h in before {
-            self.statuses.hold(&ok);
-            count_served(&shared.counters, OpCode::Write, h.size);
-        }
-        count_served(&shared.counters, OpCode::Write, last.size);
-        self.statuses.answer(self.own, &ok, self.ahead)?;
-        Ok(true)
+        let span = match pin.span(h.addr, h.size) {
+            Some(span) if pin.region().device.is_none() => span,
+            _ => return Ok(false),
+        };
+        pins.push(pin);
+        spans.push(span);
     }
+    receive_flushing_held(ahead, at.stream, at.cut, &spans, statuses, own)?;
+    drop(pins);
+    let ok = Status::Ok.encode();
+    let Some((last, before)) = writes.split_last() else {
+        return Ok(true);
+    };
+    for h in before {
+        statuses.hold(&ok);
+        count_served(&at.shared.counters, OpCode::Write, h.size);
+    }
+    count_served(&at.shared.counters, OpCode::Write, last.size);
+    statuses.answer(own, &ok, ahead)?;
+    Ok(true)
 }
 
 /// The next request, if it is here already and reads registered memory of `device`:
