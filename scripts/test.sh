@@ -22,7 +22,17 @@ step "Rust tests"
 cargo test --workspace --locked
 
 step "Python wheel"
+# Built once; the interop step below installs the same wheel.
+WHEEL="$(scripts/build-wheel.sh | tail -n1)"
+export WHEEL
 scripts/test-python.sh
+
+step "interop with the oldest upstream we support (tests/interop/requirements-upstream-oldest.txt)"
+OLDEST_PYTHON="$(UPSTREAM_REQS="$REPO/tests/interop/requirements-upstream-oldest.txt" \
+    UPSTREAM_VENV="$REPO/.venv-upstream-oldest" SKIP_APT=1 scripts/setup-upstream.sh | tail -n1)"
+UPSTREAM_PYTHON="$OLDEST_PYTHON" cargo test --locked -p e2e \
+    --test upstream_interop --test upstream_soft_nic --test rdma_interop_soft_nic
+UPSTREAM_PYTHON="$OLDEST_PYTHON" scripts/test-python.sh test_interop.py test_interop_stores.py
 
 step "workflows (check-jsonschema, zizmor, drift, publish steps against a gh stand-in)"
 scripts/test-workflows.sh
