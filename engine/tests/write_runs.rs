@@ -13,8 +13,6 @@
 
 mod raw_peer;
 
-use raw_peer::{header, pattern, status, target};
-
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -24,6 +22,8 @@ use transfer_engine::wire::tcp::{
     RequestHeader, RunHeader, Status, HEADER_LEN, RUN_MAX_BYTES, RUN_MAX_WRITES, RUN_OPCODE,
 };
 use transfer_engine::{Config, HostBuffer, OpCode, Request, TransferEngine};
+
+use raw_peer::{header, pattern, status, target};
 
 fn run_bytes(writes: &[(u64, Vec<u8>)]) -> Vec<u8> {
     let bytes = writes.iter().map(|(_, b)| b.len() as u64).sum();
