@@ -441,14 +441,14 @@ fn run_in_host_memory(
     receive_flushing_held(ahead, at.stream, at.cut, &spans, statuses, own)?;
     drop(pins);
     let ok = Status::Ok.encode();
-    let Some((last, before)) = writes.split_last() else {
+    let Some((final_write, before)) = writes.split_last() else {
         return Ok(true);
     };
     for h in before {
         statuses.hold(&ok);
         count_served(&at.shared.counters, OpCode::Write, h.size);
     }
-    count_served(&at.shared.counters, OpCode::Write, last.size);
+    count_served(&at.shared.counters, OpCode::Write, final_write.size);
     statuses.answer(own, &ok, ahead)?;
     Ok(true)
 }
