@@ -17,6 +17,7 @@ pub mod errors;
 pub mod host_memory;
 pub mod managed_buffers;
 pub mod metadata_string;
+pub mod store_config;
 pub mod upstream_contract;
 
 #[cfg(feature = "python")]
@@ -25,6 +26,8 @@ mod gil;
 pub mod py_engine;
 #[cfg(feature = "python")]
 mod py_metrics;
+#[cfg(feature = "python")]
+pub mod py_store;
 #[cfg(feature = "python")]
 pub mod py_types;
 
@@ -52,6 +55,13 @@ fn run_doctor(py: Python<'_>, argv: Vec<String>, facts: Option<String>) -> i32 {
     py.detach(|| cli::doctor_main(&argv, facts.as_deref()))
 }
 
+/// `mooncake_master`: the store's master, in this process.
+#[cfg(feature = "python")]
+#[pyfunction]
+fn run_master(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.detach(|| mooncake_store::master::run::main(argv.get(1..).unwrap_or_default()))
+}
+
 #[cfg(feature = "python")]
 #[pyfunction]
 fn run_http_metadata_server(py: Python<'_>, argv: Vec<String>) -> i32 {
@@ -67,9 +77,11 @@ mod native {
     #[pymodule_export]
     use super::py_engine::PyTransferEngine;
     #[pymodule_export]
+    use super::py_store::{PyBufferHandle, PyReplicaDescriptor, PyReplicateConfig, PyStore};
+    #[pymodule_export]
     use super::py_types::{PyInnerTransferEngine, PyTransferNotify, PyTransferOpcode};
     #[pymodule_export]
-    use super::{run_bench, run_doctor, run_http_metadata_server, run_topology_dump};
+    use super::{run_bench, run_doctor, run_http_metadata_server, run_master, run_topology_dump};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

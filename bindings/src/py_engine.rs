@@ -27,6 +27,11 @@ fn single(op: OpCode, local: u64, remote: u64, len: u64) -> Result<Vec<Request>,
 }
 
 impl PyTransferEngine {
+    /// The running engine, for `mooncake.store` (`setup(..., engine=te)`).
+    pub fn shared_engine(&self) -> Option<std::sync::Arc<transfer_engine::TransferEngine>> {
+        self.inner.engine().ok()
+    }
+
     /// Sync transfer of `requests`, with an optional notify; 0 / -1.
     fn sync(
         &self,

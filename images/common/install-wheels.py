@@ -173,6 +173,50 @@ def is_vendor_library(name: str) -> bool:
                for v in VENDOR_LIBRARIES)
 
 
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def smoke_store() -> str:
+    """`mooncake.store` imports and `mooncake_master` serves (its /health answers)."""
+    import shutil
+    import subprocess
+    import time
+    import urllib.request
+
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig  # noqa: F401
+
+    master = shutil.which("mooncake_master")
+    if not master:
+        fail("mooncake_master is not on PATH: the wheel's console script is missing")
+    metrics = free_port()
+    proc = subprocess.Popen([master, f"--rpc_port={free_port()}", "--rpc_address=127.0.0.1",
+                             "--metrics_host=127.0.0.1", f"--metrics_port={metrics}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                fail(f"mooncake_master exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return "mooncake.store imported; mooncake_master answered /health"
+            except OSError:
+                time.sleep(0.2)
+        fail("mooncake_master did not answer /health within 15 s")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return ""
+
+
 def smoke(distribution: str, version: str, expect: list, imports: list) -> dict:
     import importlib
     from importlib import metadata
@@ -189,6 +233,7 @@ def smoke(distribution: str, version: str, expect: list, imports: list) -> dict:
     if variants != [metadata.metadata(distribution)["Name"]]:
         fail(f"expected only {distribution} among mooncake-transfer-engine*, found {variants}")
     TransferEngine()
+    report["store"] = smoke_store()
 
     # Every installed file of the distribution, and everything under the package directory.
     dist = metadata.distribution(distribution)

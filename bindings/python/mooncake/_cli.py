@@ -1,4 +1,4 @@
-"""Console scripts ``transfer_engine_bench``, ``transfer_engine_topology_dump``,
+"""Console scripts ``transfer_engine_bench``, ``transfer_engine_topology_dump``, ``mooncake_master``,
 ``mooncake-doctor`` and ``mooncake_http_metadata_server``.
 
 All run in Rust; Ctrl-C ends them as it ends a native program.
@@ -39,3 +39,17 @@ def mooncake_doctor() -> None:
     from mooncake import doctor
 
     sys.exit(doctor.main(sys.argv))
+
+
+def mooncake_master() -> None:
+    # The master stops on SIGINT and SIGTERM itself (it finishes the calls in flight).
+    sys.exit(_native.run_master(sys.argv))
+
+
+def mooncake_client() -> None:
+    sys.stderr.write(
+        "mooncake_client: upstream's standalone store client process is not provided by this "
+        "mooncake; serving processes call MooncakeDistributedStore.setup(...) directly "
+        "(setup_dummy is refused for the same reason)\n"
+    )
+    sys.exit(2)

@@ -286,6 +286,27 @@ impl MemSpan {
         Ok(())
     }
 
+    /// Copies all of `src` to the start of this span (a replica in this process's own
+    /// segment: the store's local copy). The two spans may overlap.
+    pub fn copy_from(&self, src: &MemSpan) -> Result<(), SpanTooShort> {
+        if src.len > self.len {
+            return Err(SpanTooShort {
+                need: src.len,
+                have: self.len,
+            });
+        }
+        // SAFETY: both spans are valid for their lengths by the contract of `new`, and
+        // `src.len` bytes fit in this one (checked); `copy` allows overlap.
+        unsafe {
+            std::ptr::copy(
+                src.addr as usize as *const u8,
+                self.addr as usize as *mut u8,
+                src.len,
+            )
+        };
+        Ok(())
+    }
+
     /// Copies the start of the span into `dst`.
     pub fn read_into(&self, dst: &mut [u8]) -> Result<(), SpanTooShort> {
         if dst.len() > self.len {
