@@ -230,3 +230,22 @@ def test_lmcache_mooncakestore(impl, master, clients):
     assert reader.call("batch_is_exist", keys) == [0] * len(keys)
     assert HOSTNAME_RE.match(reader_host)
     reader.close()
+
+
+# --- a client that lends no memory -----------------------------------------------------------
+
+def test_client_without_segment_puts_and_gets(impl, master, clients):
+    """``global_segment_size=0``: the client puts into, and gets from, another client's
+    segment (every byte crosses the transfer engine)."""
+    holder, worker = clients("holder"), clients("worker")
+    assert holder.call("setup", HOST, "P2PHANDSHAKE", 16 * MIB, 4 * MIB, "tcp", "", master.address) == OK
+    assert worker.call("setup", HOST, "P2PHANDSHAKE", 0, 4 * MIB, "tcp", "", master.address) == OK
+    worker.alloc("W", 64 * KIB)
+    assert worker.call("register_buffer", ptr("W"), 64 * KIB) == OK
+    key = unique("noseg")
+    worker.fill("W", 0, 64 * KIB, key)
+    assert worker.call("put_from", key, ptr("W"), 64 * KIB) == OK
+    worker.fill("W", 0, 64 * KIB, "other")
+    assert worker.call("get_into", key, ptr("W"), 64 * KIB) == 64 * KIB
+    assert worker.check("W", 0, 64 * KIB, key)
+    close_all(holder, worker)

@@ -370,8 +370,10 @@ async fn heartbeat(shared: Arc<Shared>, every: Duration) {
         .await;
         match reply {
             Ok(r) if r.code == Code::IllegalClient.value() => {
-                tracing::warn!("store: the master does not know this client (restarted or took over); mounting its segments again");
-                remount(&shared).await;
+                tracing::warn!("store: the master does not know this client (restarted or took over); saying hello and mounting its segments again");
+                if let Err(e) = reconnect(&shared).await {
+                    tracing::warn!("store: {e}");
+                }
             }
             Ok(_) => {}
             Err(e) => tracing::warn!("store: heartbeat failed: {e}"),

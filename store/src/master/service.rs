@@ -160,7 +160,10 @@ impl Master for MasterService {
                 req.client_version, req.protocol
             )));
         }
-        let state = self.shared.state.lock();
+        let mut state = self.shared.state.lock();
+        if let Some(id) = req.client_id {
+            state.register_client(Instant::now(), id.to_u128());
+        }
         let policy = state.policy();
         Ok(Response::new(HelloReply {
             master_version: VERSION.to_string(),

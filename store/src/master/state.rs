@@ -364,6 +364,15 @@ impl State {
         }
     }
 
+    /// A client said hello: it is known (and alive) from now on, with or without a
+    /// segment of its own (a client that lends no memory still puts and gets).
+    pub fn register_client(&mut self, now: Instant, client: ClientId) {
+        self.clients
+            .entry(client)
+            .and_modify(|c| c.last_seen = now)
+            .or_insert(Client { last_seen: now });
+    }
+
     /// Mounts a segment and registers its client. Mounting the same id with the same
     /// geometry again is a no-op. A segment of the same transfer-engine name whose range
     /// overlaps the new one but belongs to another client is stale (that engine's memory
@@ -1922,5 +1931,33 @@ mod tests {
             prop_assert_eq!((s.objects, s.pending_puts, s.used, s.segments, s.clients), (0, 0, 0, 0, 0));
             prop_assert!(st.quarantine.is_empty() || st.poll_timeout().is_some());
         }
+    }
+
+    #[test]
+    fn a_client_without_a_segment_puts_after_hello() {
+        let t0 = Instant::now();
+        let mut st = State::new(Policy::default());
+        assert_eq!(
+            st.put_start(t0, 7, "k", 10, &PutConfig::default()),
+            Err(Code::IllegalClient)
+        );
+        st.register_client(t0, 7);
+        st.mount_segment(
+            t0,
+            8,
+            SegmentSpec {
+                id: 1,
+                name: "holder".into(),
+                base: 1 << 20,
+                size: 1 << 20,
+            },
+        )
+        .unwrap();
+        let r = st.put_start(t0, 7, "k", 10, &PutConfig::default()).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].segment, "holder");
+        st.put_end(t0, 7, "k").unwrap();
+        assert_eq!(st.exists(t0, "k"), Ok(true));
+        assert_eq!(st.handle_ping(t0, 7), Liveness::Known);
     }
 }
