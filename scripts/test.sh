@@ -11,6 +11,9 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
 step "dependencies"
 scripts/install-deps.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+# Every locked crate, the wheel's `python` feature included: the SBOM test reads the
+# wheel's dependency tree offline before the wheel is built.
+cargo fetch --locked
 UPSTREAM_PYTHON="$(scripts/setup-upstream.sh | tail -n1)"
 export UPSTREAM_PYTHON
 

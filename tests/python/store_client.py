@@ -33,6 +33,10 @@ Commands (``{"op": ..., ...}``):
   ``"keep_rounds": k`` it removes round i-k's keys after round i (the pool never fills); with ``"progress": path`` it writes the round it is starting into that file.
   Meant to be killed in the middle: nearly all its time is spent inside
   ``batch_put_from``.
+- ``get_loop``: ``{"op": "get_loop", "key": k, "size": s, "progress": path}`` registers a
+  buffer of s bytes, replies ``{"started": true}``, then reads ``k`` into it with
+  ``get_into`` until a read fails (replying every code it saw), writing the count of reads
+  done into ``progress``. Meant to be killed in the middle of a read.
 - ``sleep``, ``quit``.
 
 Any exception in a command is replied as ``{"ok": false, "exc": type, "msg": str}``; the
@@ -163,6 +167,8 @@ class Client:
             return {"ok": True, "value": self.encode(value), "secs": time.monotonic() - t0}
         if op == "put_loop":
             return self.put_loop(cmd)
+        if op == "get_loop":
+            return self.get_loop(cmd)
         if op == "sleep":
             time.sleep(float(cmd["secs"]))
             return {"ok": True}
@@ -190,6 +196,23 @@ class Client:
                 for j in range(slots):
                     store.remove(f"{prefix}{r - int(cmd['keep_rounds'])}-{j}")
         return {"ok": True, "value": codes}
+
+    def get_loop(self, cmd: dict) -> dict:
+        store = self.stores[cmd.get("store", "s")]
+        key, size = cmd["key"], int(cmd["size"])
+        region = Region(size)
+        self.regions[f"get_loop:{key}"] = region
+        rc = store.register_buffer(region.addr, region.size)
+        assert rc == 0, f"register_buffer: {rc}"
+        progress = os.open(cmd["progress"], os.O_WRONLY | os.O_CREAT, 0o644)
+        reply({"started": True})
+        done = 0
+        while True:
+            n = store.get_into(key, region.addr, size)
+            if n < 0:
+                return {"ok": True, "value": {"reads": done, "failed_with": n}}
+            done += 1
+            os.pwrite(progress, b"%12d" % done, 0)
 
 
 def _all_one_byte(data: bytes):

@@ -1,6 +1,7 @@
 """Mooncake Store under faults: bad buffers and keys, calls after ``close()``, an unreachable
-master, a client killed in the middle of a put, a master killed and restarted, a pool
-filled three times over, garbage on the master's RPC port. Each test runs a master and
+master, a client killed in the middle of a put and of a get, a read's lease held while
+eviction runs, a master killed and restarted, a pool filled three times over, garbage on
+the master's RPC port. Each test runs a master and
 client processes of one implementation (``impl``, see store_helpers).
 
 Where upstream 0.3.13.post1 is weak (it dies with SIGSEGV after ``close()``, retries an
@@ -289,6 +290,91 @@ def test_writer_killed_mid_put(impl, own_master, clients):
     assert late.setup(m) == OK
     assert late.call("get", f"{prefix}{in_flight - 1}-0") == described(f"{prefix}0", size)
     close_all(reader, late)
+
+
+# --- a client killed mid-get ---------------------------------------------------------------
+
+def test_reader_killed_mid_get(impl, own_master, clients):
+    # A 500 ms lease: the dead reader's last lease runs out soon, and then the object can go.
+    m = own_master("--client_ttl=2", "--default_kv_lease_ttl=500")
+    writer, reader = clients("writer"), clients("reader")
+    assert writer.setup(m, segment=32 * MIB) == OK
+    assert reader.setup(m, segment=16 * MIB) == OK
+    key, size = unique("kill-get"), 8 * MIB
+    assert writer.call("put", key, bytes_of(key, size), cfg(preferred_segment="$hostname")) == OK
+    progress = tempfile.NamedTemporaryFile(prefix="store-progress-", delete=False)
+    progress.close()
+    try:
+        reader.send("get_loop", key=key, size=size, progress=progress.name)
+        assert reader.recv(timeout=30) == {"started": True}
+        time.sleep(0.6)
+        assert reader.lines.empty(), f"the get loop ended before it was killed: {reader.recv()}"
+        reader.kill()
+        with open(progress.name) as f:
+            reads = int(f.read() or 0)
+    finally:
+        os.unlink(progress.name)
+    assert reads >= 2, f"only {reads} reads of 8 MiB in 0.6 s"
+
+    # The master and the writer go on; the object is whole for anyone who reads it now.
+    assert m.alive(), m.log_tail()
+    assert writer.call("get", key) == described(key, size)
+    late = clients("late")
+    assert late.setup(m) == OK
+    assert late.call("get", key) == described(key, size)
+    # The dead reader's lease does not pin the object for longer than a lease: the remove
+    # succeeds once the leases of the reads above have run out.
+    wait_until(lambda: writer.call("remove", key) == OK, 10, "the remove of the object the dead reader was reading")
+    assert late.call("is_exist", key) == 0
+    # Its segment is dropped after client_ttl: a put preferring it lands elsewhere or
+    # nowhere, never in a dead client's memory; a plain put succeeds.
+    after = unique("after-kill-get")
+    wait_until(lambda: writer.call("put", after, bytes_of(after, 4096), timeout=15) == OK, 20,
+               "a plain put after the reader died")
+    assert late.call("get", after) == described(after, 4096)
+    close_all(writer, late)
+
+
+# --- a lease held while eviction runs ------------------------------------------------------
+
+def test_a_read_lease_holds_through_eviction(impl, own_master, clients):
+    # A 10 s lease (upstream's default): the object read first is the oldest, the first the
+    # eviction would take, and must survive two pools' worth of newer puts while leased.
+    m = own_master("--default_kv_lease_ttl=10000")
+    writer, reader = clients("writer"), clients("reader")
+    assert writer.setup(m, segment=16 * MIB) == OK
+    assert reader.setup(m, segment=0) == OK  # the pool is the writer's 16 MiB
+    size = 1 * MIB
+    held = unique("leased")
+    assert writer.call("put", held, bytes_of(held, size), cfg(replica_num=1)) == OK
+    reader.alloc("buf", size)
+    assert reader.call("register_buffer", ptr("buf"), size) == OK
+    t0 = time.monotonic()
+    assert reader.call("get_into", held, ptr("buf"), size) == size
+    assert reader.check("buf", 0, size, held)
+
+    prefix, n = unique("evict-lease") + "-", 32
+    writer.alloc("buf", size)
+    assert writer.call("register_buffer", ptr("buf"), size) == OK
+    for i in range(n):
+        key = f"{prefix}{i}"
+        writer.fill("buf", 0, size, key)
+        for _ in range(100):
+            rc = writer.call("put_from", key, ptr("buf"), size, cfg(replica_num=1))
+            if rc != NO_AVAILABLE_HANDLE:
+                break
+            time.sleep(0.05)
+        assert rc == OK, f"put {i}: {rc}"
+    elapsed = time.monotonic() - t0
+    assert elapsed < 9, f"the puts took {elapsed:.1f} s: the lease may have run out, the test proves nothing"
+    # Still there and whole, although older than everything that was evicted around it.
+    assert reader.call("is_exist", held) == 1
+    present = reader.call("batch_is_exist", [f"{prefix}{i}" for i in range(n)])
+    assert present[0] == 0 and sum(present) <= 15, present
+    reader.memset("buf", 0, size, GUARD)
+    assert reader.call("get_into", held, ptr("buf"), size) == size
+    assert reader.check("buf", 0, size, held)
+    close_all(writer, reader)
 
 
 # --- the master killed and restarted ------------------------------------------------------
