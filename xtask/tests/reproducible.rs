@@ -5,7 +5,7 @@
 //!
 //! Two clones of one commit, at different paths, build with `release <tag> --dry-run` and
 //! `release <tag>`; their wheel, sdist, debug info, SBOM, manifest and sums must be
-//! byte-identical, and the wheel ships its extension stripped (under 2 MB). The second
+//! byte-identical, and the wheel ships its extension stripped (under 3 MB). The second
 //! publishes to the GitHub Releases stand-in and devpi-server, then publishes again (a re-run
 //! that finds everything identical), and writes the publication record and the ledger.
 //!
@@ -116,9 +116,10 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
     assert!(names.contains(&debug.as_str()), "{names:?}");
     assert!(names.iter().any(|n| n.ends_with(".cdx.json")), "{names:?}");
     eprintln!("wheel {wheel}: {} bytes", wheel_bytes.len());
-    // Issue 15's goal: under 2 MB (about 1.67 MB with `[profile.wheel]`, fat LTO and
-    // opt-level "s"; xtask/README.md "Wheel size"). An unstripped wheel is about 7 MB.
-    assert!(wheel_bytes.len() < 2_000_000, "{} bytes", wheel_bytes.len());
+    // Under 3 MB: the engine alone was about 1.67 MB with `[profile.wheel]`, fat LTO and
+    // opt-level "s"; Mooncake Store (master and client, tonic's server side) brings it to
+    // about 2.76 MB (xtask/README.md "Wheel size"). An unstripped wheel is about 7 MB.
+    assert!(wheel_bytes.len() < 3_000_000, "{} bytes", wheel_bytes.len());
     let manifest: serde_json::Value = serde_json::from_slice(
         &fa.iter()
             .find(|(n, _)| n == "dist-manifest.json")
