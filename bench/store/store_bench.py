@@ -8,8 +8,13 @@ client with no segment of its own, so every put and get crosses the transfer eng
 medians: put and get GB/s and batch p50/p99 (``batch_put_from`` / ``batch_get_into`` from
 registered memory) for each shape, and ``batch_is_exist`` of 1,000 keys per second.
 
+With ``--raw``, each round also runs our engine alone on the same placement (a worker
+writing into and reading from a holder's registered buffer, one batch per call, through
+``TransferEngine.batch_transfer_sync_write``/``_read``): the ceiling the store adds its
+metadata calls to. Put is set against the raw write, get against the raw read.
+
     bench/store/store_bench.py --ours .venv-test/bin/python \\
-        --upstream .venv-upstream/bin/python [--rounds 3] [--seconds 3]
+        --upstream .venv-upstream/bin/python [--rounds 3] [--seconds 3] [--raw]
 """
 
 from __future__ import annotations
@@ -76,6 +81,59 @@ print(json.dumps(out), flush=True)
 s.close()
 '''
 
+RAW = r'''
+import ctypes, json, sys, time
+from mooncake.engine import TransferEngine
+seconds, shapes, role = float(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+span = max(size * n for _, size, n in shapes)
+e = TransferEngine()
+assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+buf = ctypes.create_string_buffer(span)
+ptr = ctypes.addressof(buf)
+assert e.register_memory(ptr, span) == 0
+if role == "holder":
+    print(json.dumps({"peer": f"127.0.0.1:{e.get_rpc_port()}", "addr": ptr}), flush=True)
+    sys.stdin.read()
+    sys.exit(0)
+peer, remote = sys.argv[4], int(sys.argv[5])
+out = {}
+for name, size, n in shapes:
+    mine = [ptr + i * size for i in range(n)]
+    theirs = [remote + i * size for i in range(n)]
+    sizes = [size] * n
+    res = {}
+    for op, call in (("put", e.batch_transfer_sync_write), ("get", e.batch_transfer_sync_read)):
+        lat, moved, r, t0 = [], 0, 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            a = time.perf_counter()
+            assert call(peer, mine, theirs, sizes) == 0
+            lat.append(time.perf_counter() - a)
+            moved += size * n
+            r += 1
+        el = time.perf_counter() - t0
+        lat.sort()
+        res[op] = {"GBps": moved / el / 1e9, "p50_us": lat[len(lat) // 2] * 1e6,
+                   "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6, "batches": r}
+    out[name] = res
+print(json.dumps(out), flush=True)
+'''
+
+
+def run_raw(python: str, seconds: float) -> dict:
+    shapes = json.dumps(SHAPES)
+    holder = subprocess.Popen([python, "-c", RAW, str(seconds), shapes, "holder"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        where = json.loads(holder.stdout.readline())
+        worker = subprocess.run([python, "-c", RAW, str(seconds), shapes, "worker", where["peer"], str(where["addr"])],
+                                capture_output=True, text=True, timeout=600)
+        if worker.returncode != 0:
+            raise RuntimeError(worker.stderr[-2000:])
+        return json.loads(worker.stdout.strip().splitlines()[-1])
+    finally:
+        holder.kill()
+        holder.wait()
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -125,12 +183,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--segment-mib", type=int, default=1024)
+    ap.add_argument("--raw", action="store_true", help="also run our engine alone on the same placement")
     a = ap.parse_args()
-    results: dict[str, list[dict]] = {"ours": [], "upstream": []}
+    results: dict[str, list[dict]] = {"ours": [], "upstream": [], "raw": []}
     for r in range(a.rounds):
         order = ["ours", "upstream"] if r % 2 == 0 else ["upstream", "ours"]
+        if a.raw:
+            order.insert(1, "raw")
         for impl in order:
-            res = run_round(getattr(a, impl), a.seconds, a.segment_mib << 20)
+            if impl == "raw":
+                res = run_raw(a.ours, a.seconds)
+            else:
+                res = run_round(getattr(a, impl), a.seconds, a.segment_mib << 20)
             results[impl].append(res)
             print(json.dumps({"round": r, "impl": impl, **res}), flush=True)
     print("\nmedians over rounds (ours / upstream = ratio)")
@@ -143,6 +207,13 @@ def main() -> None:
     o = statistics.median(x["batch_is_exist keys/s"] for x in results["ours"])
     u = statistics.median(x["batch_is_exist keys/s"] for x in results["upstream"])
     print(f"batch_is_exist keys/s {o:12.0f} / {u:12.0f} = {o / u:.2f}x")
+    if results["raw"]:
+        print("\nours through the store against our engine alone (medians; raw put = write, get = read)")
+        for name, _, _ in SHAPES:
+            for op in ("put", "get"):
+                o = statistics.median(x[name][op]["GBps"] for x in results["ours"])
+                w = statistics.median(x[name][op]["GBps"] for x in results["raw"])
+                print(f"{name:11} {op} GBps    {o:10.2f} / {w:10.2f} = {o / w:.2f} of raw")
 
 
 if __name__ == "__main__":

@@ -8,11 +8,15 @@
 //! Safety rests on time, as with every lease: a leader declares its leadership lost once a
 //! full lease TTL has passed since the last renewal etcd confirmed (counted from when that
 //! renewal was sent, which is no later than when etcd restarted the lease's clock), so by
-//! the time a standby can win, the old leader has already been told to stop.
+//! the time a standby can win, the old leader has already been told to stop. Being told
+//! is not having stopped (a process frozen past its lease runs its queued requests before
+//! its timers when it wakes), so the leader's RPC service also asks a [`LeaseFence`] on
+//! every call, which reads the same clock and refuses once it has run out.
 //!
 //! Clients name an HA master as `etcd://h1:2379;h2:2379` ([`parse_etcd_master`]) and ask
 //! [`current_leader`] for its address, again after an RPC to it fails.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -295,6 +299,18 @@ pub async fn campaign(
     my_address: &str,
     lease_ttl: Duration,
 ) -> Result<Leadership, HaError> {
+    campaign_observing(endpoints, cluster_id, my_address, lease_ttl, |_| {}).await
+}
+
+/// [`campaign`], telling `on_leader` the address of each other master seen leading while
+/// this one waits (for a standby's `/health`).
+pub async fn campaign_observing(
+    endpoints: &[String],
+    cluster_id: &str,
+    my_address: &str,
+    lease_ttl: Duration,
+    mut on_leader: impl FnMut(&str) + Send,
+) -> Result<Leadership, HaError> {
     let etcd = Etcd::connect(endpoints, CONNECT_TIMEOUT).await?;
     let key = leader_key(cluster_id);
     // etcd counts leases in whole seconds; rounding up keeps the caller's lower bound.
@@ -316,6 +332,7 @@ pub async fn campaign(
             }
             Ok(Attempt::Standby { leader, revision }) => {
                 first_contact = false;
+                on_leader(&leader);
                 if last_logged.as_deref() != Some(leader.as_str()) {
                     tracing::info!(
                         "standby: leader is {leader} (cluster {cluster_id:?}, etcd {})",
@@ -482,14 +499,51 @@ pub struct Leadership {
     lease: i64,
     ttl: Duration,
     lost: watch::Receiver<Option<String>>,
+    fence: LeaseFence,
     guard: tokio::task::JoinHandle<()>,
+}
+
+/// Whether a leadership still holds, by the lease's clock alone: until the last confirmed
+/// renewal's send time plus the TTL, etcd keeps the key and no standby can have won.
+/// Asking takes no I/O, so the RPC service asks on every call.
+#[derive(Clone, Debug)]
+pub struct LeaseFence(Arc<parking_lot::Mutex<Option<Instant>>>);
+
+impl LeaseFence {
+    fn until(until: Instant) -> Self {
+        Self(Arc::new(parking_lot::Mutex::new(Some(until))))
+    }
+
+    /// True while the lease certainly holds.
+    pub fn holds(&self) -> bool {
+        matches!(*self.0.lock(), Some(until) if Instant::now() < until)
+    }
+
+    fn extend(&self, until: Instant) {
+        let mut g = self.0.lock();
+        if let Some(u) = g.as_mut() {
+            *u = until.max(*u);
+        }
+    }
+
+    fn revoke(&self) {
+        *self.0.lock() = None;
+    }
 }
 
 impl Leadership {
     fn start(etcd: Etcd, key: String, cluster_id: &str, address: &str, won: Won) -> Self {
         let (tx, rx) = watch::channel(None);
         let (lease, ttl) = (won.lease, won.ttl);
-        let guard = tokio::spawn(guard(etcd.clone(), key, cluster_id.to_string(), won, tx));
+        let fence = LeaseFence::until(won.granted_at + won.ttl);
+        let guard = tokio::spawn(guard(
+            etcd.clone(),
+            key,
+            cluster_id.to_string(),
+            won,
+            tx,
+            fence.clone(),
+        ));
         Self {
             etcd,
             cluster_id: cluster_id.to_string(),
@@ -497,8 +551,15 @@ impl Leadership {
             lease,
             ttl,
             lost: rx,
+            fence,
             guard,
         }
+    }
+
+    /// The fence of this leadership: stops holding at the lease's end by its own clock,
+    /// and at once when the leadership is lost or resigned.
+    pub fn fence(&self) -> LeaseFence {
+        self.fence.clone()
     }
 
     /// The address this master leads as (the leader key's value).
@@ -542,6 +603,7 @@ impl Leadership {
     /// over without waiting for the TTL. On an error the lease still expires by itself.
     pub async fn resign(self) -> Result<(), HaError> {
         self.guard.abort();
+        self.fence.revoke();
         let lease = self.lease;
         self.etcd
             .op("lease revoke", CONNECT_TIMEOUT, |mut c| async move {
@@ -565,6 +627,7 @@ impl Leadership {
 impl Drop for Leadership {
     fn drop(&mut self) {
         self.guard.abort();
+        self.fence.revoke();
     }
 }
 
@@ -583,8 +646,10 @@ async fn guard(
     cluster_id: String,
     won: Won,
     tx: watch::Sender<Option<String>>,
+    fence: LeaseFence,
 ) {
-    let why = hold(&etcd, &key, &won).await;
+    let why = hold(&etcd, &key, &won, &fence).await;
+    fence.revoke();
     tracing::warn!("lost the leadership of cluster {cluster_id:?}: {why}");
     tx.send_replace(Some(why));
     // Whatever is left of the lease would only delay nobody; drop it while we are here.
@@ -592,7 +657,7 @@ async fn guard(
 }
 
 /// Renews and watches until the leadership is lost; returns why.
-async fn hold(etcd: &Etcd, key: &str, won: &Won) -> String {
+async fn hold(etcd: &Etcd, key: &str, won: &Won, fence: &LeaseFence) -> String {
     let every = won.ttl / 3;
     // The lease lives at least until `confirmed + ttl`: etcd restarts its clock when it
     // receives a renewal, which is after we sent it.
@@ -636,7 +701,10 @@ async fn hold(etcd: &Etcd, key: &str, won: &Won) -> String {
                 let sent = Instant::now();
                 let bound = (sent + every).min(expiry);
                 match tokio::time::timeout_at(bound, renew(etcd, &mut keeper, won.lease)).await {
-                    Ok(Ok(true)) => confirmed = sent,
+                    Ok(Ok(true)) => {
+                        confirmed = sent;
+                        fence.extend(confirmed + won.ttl);
+                    }
                     Ok(Ok(false)) => return "etcd reports the lease expired".to_string(),
                     Ok(Err(e)) => {
                         tracing::warn!("etcd {}: lease renewal failed: {e}", etcd.label);

@@ -195,9 +195,11 @@ fn a_leader_that_stops_renewing_is_replaced_within_the_ttl() {
         async move { campaign(&eps, "c", "b:1", TTL).await }
     });
 
-    // Renewals keep the leader past its TTL.
+    // Renewals keep the leader (and its fence) past its TTL.
+    let fence = a.fence();
     std::thread::sleep(TTL + Duration::from_secs(1));
     assert!(!b.is_finished(), "the standby took over from a live leader");
+    assert!(fence.holds(), "a renewed lease's fence stopped holding");
     assert_eq!(
         main_rt.block_on(leader_of(&etcd, "c")).as_deref(),
         Some("a:1")
@@ -210,6 +212,12 @@ fn a_leader_that_stops_renewing_is_replaced_within_the_ttl() {
         .expect("the standby is elected once the lease expires")
         .unwrap()
         .unwrap();
+    // The old leader's fence, read by its own clock with nothing left to revoke it, has run
+    // out by the time the standby leads: never two masters serving.
+    assert!(
+        !fence.holds(),
+        "the old leader's fence holds while the standby leads"
+    );
     let took = t.elapsed();
     eprintln!("leader stopped to new leader: {took:?} (ttl {TTL:?})");
     assert!(took <= TTL + Duration::from_secs(1), "{took:?}");
@@ -240,11 +248,14 @@ async fn a_lost_leadership_is_noticed() {
         "lost without cause"
     );
     assert_eq!(l.why_lost(), None);
+    let fence = l.fence();
+    assert!(fence.holds());
     let t = Instant::now();
     raw.delete(key.as_str(), None).await.unwrap();
     tokio::time::timeout(Duration::from_secs(2), l.lost())
         .await
         .expect("a deleted key ends the leadership");
+    assert!(!fence.holds(), "a lost leadership's fence still holds");
     eprintln!("key deleted to lost: {:?}", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(1));
     let why = l.why_lost().unwrap();
@@ -271,9 +282,11 @@ async fn a_lost_leadership_is_noticed() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let t = Instant::now();
     etcd.kill();
+    let fence = l.fence();
     tokio::time::timeout(TTL + Duration::from_secs(1), l.lost())
         .await
         .expect("renewals that fail for the TTL end the leadership");
+    assert!(!fence.holds());
     let took = t.elapsed();
     eprintln!("etcd killed to lost: {took:?} (ttl {TTL:?})");
     assert!(took <= TTL + Duration::from_millis(200), "{took:?}");

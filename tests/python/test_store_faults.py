@@ -1,8 +1,9 @@
 """Mooncake Store under faults: bad buffers and keys, calls after ``close()``, an unreachable
 master, a client killed in the middle of a put and of a get, a read's lease held while
 eviction runs, a master killed and restarted, a pool filled three times over, garbage on
-the master's RPC port. Each test runs a master and
-client processes of one implementation (``impl``, see store_helpers).
+the master's RPC port, a client meeting the other implementation's master. Each test runs
+a master and client processes of one implementation (``impl``, see store_helpers), the
+last one a client of each against a master of the other.
 
 Where upstream 0.3.13.post1 is weak (it dies with SIGSEGV after ``close()``, retries an
 unreachable master for ~90 s), the upstream case records what it does and only ours is held
@@ -503,3 +504,56 @@ def test_garbage_on_rpc_port(impl, own_master, clients):
     finally:
         for s in conns:
             s.close()
+
+
+# --- a client and a master of different implementations -------------------------------------
+
+def cross_setup(client: StoreClient, master: Master) -> tuple:
+    """The positional ``setup`` against ``master``: (the reply, seconds it took)."""
+    t0 = time.monotonic()
+    reply = client.try_call("setup", HOST, "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "tcp", "", master.address,
+                            timeout=120)
+    return reply, time.monotonic() - t0
+
+
+def assert_master_serves(impl_name: str, master: Master) -> None:
+    """A client of the master's own implementation still puts and gets through it."""
+    own = StoreClient(resolve_impl(impl_name), "own")
+    try:
+        assert own.setup(master, timeout=30) == OK
+        key = unique("cross-after")
+        assert own.call("put", key, bytes_of(key, 4096)) == OK
+        assert own.call("get", key) == described(key, 4096)
+        close_all(own)
+    finally:
+        own.cleanup()
+
+
+@pytest.mark.parametrize("client_impl,master_impl", [("ours", "upstream"), ("upstream", "ours")])
+def test_client_at_the_other_implementations_master(client_impl, master_impl):
+    """A client meeting the other implementation's master (coro_rpc against our gRPC) fails
+    at ``setup`` and neither process crashes; the master goes on serving its own clients.
+    Ours, at upstream's master, fails within seconds saying the master is not ours, and can
+    set up again. Upstream's, at ours, meets an HTTP/2 server that closes the connection
+    and gives up after its 20 tries (0.3.13.post1: -1 after 2.1 s, logged "RPC call failed:
+    End of file")."""
+    m = Master(resolve_impl(master_impl))
+    c = StoreClient(resolve_impl(client_impl), "cross")
+    try:
+        reply, took = cross_setup(c, m)
+        assert took < 15, f"setup took {took:.1f} s"
+        assert reply.get("ok") and reply["value"] < 0, reply
+        assert c.proc.poll() is None and m.alive(), m.log_tail()
+        if client_impl == "ours":
+            said = c.stderr_tail()
+            assert "not compatible" in said or "mooncake-rs" in said, said
+            ours = Master(resolve_impl("ours"))
+            try:
+                assert c.call("setup", HOST, "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "tcp", "", ours.address) == OK
+                assert c.call("close") == OK
+            finally:
+                ours.close()
+        assert_master_serves(master_impl, m)
+    finally:
+        c.cleanup()
+        m.close()

@@ -34,6 +34,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -154,6 +155,19 @@ class HaMaster(Master):
         assert status == 200, f"/get_all_segments of {self.address}: {status} {body}"
         return body
 
+    def health(self) -> dict:
+        status, body = http_get(f"http://{HOST}:{self.metrics_port}/health", timeout=2)
+        assert status == 200, f"/health of {self.address}: {status} {body}"
+        return json.loads(body)
+
+
+def assert_health(master: HaMaster, role: str, leader: HaMaster) -> None:
+    """``master``'s /health says ``role``, ready only as the leader, and names the leader
+    (upstream's and ours alike)."""
+    h = master.health()
+    assert h["role"] == role and h["service_ready"] is (role == "leader"), f"{master.address}: {h}"
+    assert h["leader_address"] == leader.address, f"{master.address}: {h}"
+
 
 def the_leader(masters: list):
     """The one master serving RPC, None while none does; fails when more than one does."""
@@ -222,10 +236,13 @@ def test_failover_after_leader_sigkill(impl, etcd, ha_masters, clients):
     old = unique("ha-before")
     assert writer.call("put", old, bytes_of(old, SIZE), cfg(replica_num=1, preferred_segment=r_host)) == OK
     assert reader.call("get", old) == described(old, SIZE)
-    # A standby has no segments (upstream's answers its admin routes with 503 "service plane
-    # is not active"; ours with an empty list).
-    status, body = http_get(f"http://{HOST}:{standby.metrics_port}/get_all_segments", timeout=2)
-    assert (status == 503 and impl.name == "upstream") or (status == 200 and body.strip() == ""), (status, body)
+    # Each master's /health says what it is; a standby's admin routes answer 503, not its
+    # own empty state (upstream's says "service plane is not active").
+    assert_health(first, "leader", first)
+    assert_health(standby, "standby", first)
+    for route in ("get_all_segments", "get_all_keys", f"query_key?key={old}"):
+        status, body = http_get(f"http://{HOST}:{standby.metrics_port}/{route}", timeout=2)
+        assert status == 503, f"/{route} of the standby: {status} {body}"
 
     # The leader dies without a word: its lease runs out, the standby takes the key.
     first.kill()
@@ -250,6 +267,7 @@ def test_failover_after_leader_sigkill(impl, etcd, ha_masters, clients):
 
     wait_until(remounted, REMOUNT_BOUND_S, "both clients' segments on the new leader", interval=0.05)
     took_mount = time.monotonic() - t_kill
+    assert_health(standby, "leader", standby)
 
     # New bytes through the new leader, into the reader's segment and into the writer's (a put
     # in flight at the failover may fail and be retried, docs/store.md).
@@ -310,9 +328,16 @@ def test_paused_leader_steps_down_ours(etcd):
         assert client.call("get", old) == described(old, SIZE)
 
         # Frozen, the leader renews nothing; its RPC port still accepts connections (the
-        # kernel's backlog), so leadership is read from etcd here.
+        # kernel's backlog), so leadership is read from etcd here. A put sent to it meanwhile
+        # waits in its socket: when it runs again it must refuse that put (its lease is over),
+        # so the client retries at the new leader, rather than acknowledge a write into
+        # metadata that dies with it.
         os.killpg(first.proc.pid, signal.SIGSTOP)
         t_stop = time.monotonic()
+        queued_key, queued = unique("ha-pause-queued"), []
+        sender = threading.Thread(target=lambda: queued.append(client.try_call(
+            "put", queued_key, bytes_of(queued_key, SIZE), cfg(preferred_segment="$hostname"), timeout=40)))
+        sender.start()
         try:
             wait_until(lambda: etcd.get(f"mooncake-store/{cluster_id}/master") == standby.address
                        and standby.serving(), TAKEOVER_BOUND_S, "the standby to lead", interval=0.05)
@@ -327,6 +352,9 @@ def test_paused_leader_steps_down_ours(etcd):
         assert took_exit < 2, f"the old leader went on for {took_exit:.1f} s after it could run again"
         assert "lost the lead" in first.log_tail()
         assert_only_leader(standby, [standby])
+        sender.join(timeout=40)
+        assert [q.get("value") for q in queued] == [OK], f"the put sent to the frozen leader: {queued}"
+        assert client.call("get", queued_key) == described(queued_key, SIZE), "an acknowledged put was lost"
 
         # The client finds the new leader; the objects of before are gone.
         new_key = unique("ha-pause-after")

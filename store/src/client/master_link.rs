@@ -16,7 +16,7 @@ use super::error::StoreError;
 use crate::codes::Code;
 use crate::ha;
 use crate::rpc::messages::{self as msg, ClientRequest, HelloReply, HelloRequest, MountRequest};
-use crate::rpc::{MasterClient, MAX_MESSAGE_BYTES, PROTOCOL, VERSION};
+use crate::rpc::{self, MasterClient, MAX_MESSAGE_BYTES, PROTOCOL, VERSION};
 
 /// How long connecting to a master may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -142,15 +142,14 @@ async fn open(addr: &str, client_id: u128) -> Result<(Conn, HelloReply), StoreEr
         })?
         .map_err(|s| status_error(addr, &s))?
         .into_inner();
-    if reply.protocol != PROTOCOL || reply.master_version != VERSION {
-        return Err(StoreError::new(
-            Code::RpcFail,
-            format!(
-                "version mismatch: the master at {addr} is mooncake-rs store {} (protocol {}), this client is {VERSION} \
-                 (protocol {PROTOCOL}); run the same mooncake version on both sides",
-                reply.master_version, reply.protocol
-            ),
-        ));
+    let master = format!("the master at {addr}");
+    if let Some(why) = rpc::version_mismatch(
+        "this client",
+        &master,
+        &reply.master_version,
+        reply.protocol,
+    ) {
+        return Err(StoreError::new(Code::RpcFail, why));
     }
     Ok((
         Conn {

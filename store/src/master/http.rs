@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 
 use serde_json::{json, Value};
 
-use super::service::Shared;
+use super::service::{Role, Shared};
 use super::state::ObjectView;
 use crate::codes::Code;
 
@@ -148,18 +148,42 @@ fn percent_decode(s: &str) -> std::borrow::Cow<'_, str> {
     String::from_utf8_lossy(&out).into_owned().into()
 }
 
+/// `/health`: the process answers (200) and says whether it serves the cluster.
+fn health(shared: &Shared) -> Reply {
+    let ready = shared.serving().is_ok();
+    let (role, ha_state, leader) = match shared.role() {
+        Role::Alone => ("leader", "serving", None),
+        Role::Standby { leader } => ("standby", "standby", leader),
+        Role::Leader { address, .. } => (
+            if ready { "leader" } else { "standby" },
+            if ready { "serving" } else { "lost_lead" },
+            Some(address),
+        ),
+    };
+    json_reply(
+        200,
+        json!({"status": "ok", "role": role, "ha_state": ha_state, "service_ready": ready,
+               "leader_address": leader, "view_version": null}),
+    )
+}
+
 fn route(path: &str, query: &str, shared: &Shared) -> Reply {
     match path {
-        "/health" => json_reply(
-            200,
-            json!({"status": "ok", "role": "leader", "ha_state": "serving", "service_ready": true,
-                   "leader_address": null, "view_version": null}),
-        ),
-        "/metrics" => Reply {
-            status: 200,
-            content_type: TEXT,
-            body: metrics_text(shared),
-        },
+        "/health" => return health(shared),
+        "/metrics" => {
+            return Reply {
+                status: 200,
+                content_type: TEXT,
+                body: metrics_text(shared),
+            }
+        }
+        _ => {}
+    }
+    // A standby's state is empty and not the cluster's: say so rather than answer from it.
+    if let Err(why) = shared.serving() {
+        return error_reply(503, Code::UnavailableInCurrentStatus, &why);
+    }
+    match path {
         "/get_all_segments" => {
             let names: Vec<String> = shared
                 .state
@@ -271,6 +295,12 @@ pub fn metrics_text(shared: &Shared) -> String {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
         );
     };
+    metric(
+        "master_serving",
+        "gauge",
+        "1 while this master answers for the cluster (the leader, or a master without HA)",
+        u64::from(shared.serving().is_ok()),
+    );
     metric(
         "master_key_count",
         "gauge",

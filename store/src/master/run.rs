@@ -7,12 +7,14 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tonic::service::interceptor::InterceptedService;
+
 use transfer_engine::metadata::http_server::{HttpMetadataServer, ServerOptions};
 
 use super::flags::{self, Command, MasterFlags};
 use super::http::AdminServer;
 use super::incoming;
-use super::service::{MasterService, Shared};
+use super::service::{MasterService, Role, Shared};
 use super::state::State;
 use crate::ha;
 use crate::rpc::{MasterServer, MAX_MESSAGE_BYTES, VERSION};
@@ -125,9 +127,25 @@ async fn serve(flags: MasterFlags) -> Result<(), Stop> {
             "mooncake_master: standby, campaigning on etcd {:?} for cluster {:?}",
             flags.etcd_endpoints, flags.cluster_id
         );
-        let lead = ha::campaign(&flags.etcd_endpoints, &flags.cluster_id, &me, HA_LEASE_TTL)
-            .await
-            .map_err(|e| Stop::Failed(e.to_string()))?;
+        shared.set_role(Role::Standby { leader: None });
+        let seen = Arc::clone(&shared);
+        let lead = ha::campaign_observing(
+            &flags.etcd_endpoints,
+            &flags.cluster_id,
+            &me,
+            HA_LEASE_TTL,
+            move |leader| {
+                seen.set_role(Role::Standby {
+                    leader: Some(leader.to_string()),
+                })
+            },
+        )
+        .await
+        .map_err(|e| Stop::Failed(e.to_string()))?;
+        shared.set_role(Role::Leader {
+            address: me.clone(),
+            fence: lead.fence(),
+        });
         println!(
             "mooncake_master: elected leader of cluster {:?} as {me}",
             flags.cluster_id
@@ -159,6 +177,14 @@ async fn serve(flags: MasterFlags) -> Result<(), Stop> {
     let service = MasterServer::new(MasterService::new(Arc::clone(&shared)))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    // A leader that lost its lease answers nothing more, even a request that waited while
+    // the process was frozen (it runs before the timer that reports the loss).
+    let gate = Arc::clone(&shared);
+    let service = InterceptedService::new(service, move |req: tonic::Request<()>| {
+        gate.serving()
+            .map(|()| req)
+            .map_err(tonic::Status::unavailable)
+    });
     let server = tonic::transport::Server::builder()
         .concurrency_limit_per_connection(256)
         .max_concurrent_streams(256)

@@ -10,12 +10,13 @@ use tonic::{Request, Response, Status};
 
 use super::state::{ClientId, Liveness, PutConfig, Replica, SegmentSpec, State};
 use crate::codes::Code;
+use crate::ha::LeaseFence;
 use crate::rpc::messages::{
     self as msg, ClientRequest, CodeReply, CodesReply, CountReply, HelloReply, HelloRequest,
     KeysRequest, MountRequest, PingReply, PutStartRequest, RegexRequest, RemoveRequest,
     ReplicasReply, ReplicasResult, UnmountRequest,
 };
-use crate::rpc::{Master, MAX_BATCH, PROTOCOL, VERSION};
+use crate::rpc::{self, Master, MAX_BATCH, PROTOCOL, VERSION};
 
 /// Largest compiled `remove_by_regex` pattern: a hostile pattern cannot make the master
 /// spend more than this on one automaton.
@@ -52,10 +53,23 @@ impl CallCounters {
     }
 }
 
+/// What this master is in its cluster: decides whether it answers RPC and the admin
+/// routes, and what `/health` says.
+#[derive(Debug, Clone)]
+pub enum Role {
+    /// No `--enable_ha`: serves from the start.
+    Alone,
+    /// Campaigning on etcd; `leader` is the master last seen leading.
+    Standby { leader: Option<String> },
+    /// Elected as `address`; serves while `fence` holds.
+    Leader { address: String, fence: LeaseFence },
+}
+
 /// What the RPC service, the HTTP routes and the sweeper share.
 pub struct Shared {
     pub state: Mutex<State>,
     pub calls: CallCounters,
+    role: Mutex<Role>,
 }
 
 impl Shared {
@@ -63,7 +77,31 @@ impl Shared {
         Arc::new(Self {
             state: Mutex::new(state),
             calls: CallCounters::default(),
+            role: Mutex::new(Role::Alone),
         })
+    }
+
+    pub fn set_role(&self, role: Role) {
+        *self.role.lock() = role;
+    }
+
+    pub fn role(&self) -> Role {
+        self.role.lock().clone()
+    }
+
+    /// `Ok` while this master may answer for the cluster; else why not, for the caller.
+    pub fn serving(&self) -> Result<(), String> {
+        match &*self.role.lock() {
+            Role::Alone => Ok(()),
+            Role::Leader { fence, .. } if fence.holds() => Ok(()),
+            Role::Leader { address, .. } => Err(format!(
+                "the master at {address} no longer holds its etcd lease, so no longer leads: ask etcd for the leader"
+            )),
+            Role::Standby { leader } => Err(match leader {
+                Some(l) => format!("this master is a standby; the leader is {l}"),
+                None => "this master is a standby and no master leads yet".to_string(),
+            }),
+        }
     }
 
     /// Applies the time's decisions (dead clients, stale puts, eviction); returns when
@@ -153,12 +191,13 @@ fn millis(d: Duration) -> u64 {
 impl Master for MasterService {
     async fn hello(&self, req: Request<HelloRequest>) -> Result<Response<HelloReply>, Status> {
         let req = req.into_inner();
-        if req.protocol != PROTOCOL || req.client_version != VERSION {
-            return Err(Status::failed_precondition(format!(
-                "version mismatch: this master is mooncake-rs store {VERSION} (protocol {PROTOCOL}), \
-                 the client is {} (protocol {}); run the same mooncake version on both sides",
-                req.client_version, req.protocol
-            )));
+        if let Some(why) = rpc::version_mismatch(
+            "this master",
+            "the client",
+            &req.client_version,
+            req.protocol,
+        ) {
+            return Err(Status::failed_precondition(why));
         }
         let mut state = self.shared.state.lock();
         if let Some(id) = req.client_id {

@@ -29,3 +29,49 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 /// Most keys in one batch call.
 pub const MAX_BATCH: usize = 4096;
+
+/// The message for a peer that cannot talk to this build: `None` when its `version` and
+/// `protocol` are ours. `this` and `peer` name the two sides ("this master", "the client
+/// at ...") so that the message says which side runs which version.
+pub fn version_mismatch(this: &str, peer: &str, version: &str, protocol: u32) -> Option<String> {
+    (version != VERSION || protocol != PROTOCOL).then(|| {
+        format!(
+            "version mismatch: {this} is mooncake-rs store {VERSION} (protocol {PROTOCOL}), \
+             {peer} is {version} (protocol {protocol}); run the same mooncake version on both sides"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_of_our_version_and_protocol_matches() {
+        assert_eq!(
+            version_mismatch("this master", "the client", VERSION, PROTOCOL),
+            None
+        );
+    }
+
+    #[test]
+    fn a_mismatch_names_both_versions_and_both_sides() {
+        let m = version_mismatch("this master", "the client", "0.0.1", PROTOCOL).unwrap();
+        assert!(
+            m.contains(&format!("this master is mooncake-rs store {VERSION}")),
+            "{m}"
+        );
+        assert!(m.contains("the client is 0.0.1"), "{m}");
+        // The same version of another protocol is refused too, and the protocols named.
+        let m =
+            version_mismatch("this client", "the master at h:1", VERSION, PROTOCOL + 1).unwrap();
+        assert!(m.contains(&format!("(protocol {PROTOCOL})")), "{m}");
+        assert!(
+            m.contains(&format!(
+                "the master at h:1 is {VERSION} (protocol {})",
+                PROTOCOL + 1
+            )),
+            "{m}"
+        );
+    }
+}
