@@ -31,8 +31,16 @@ import urllib.request
 
 SHAPES = [("32KiB x 32", 32 << 10, 32), ("4MiB x 8", 4 << 20, 8)]
 
-WORKER = r'''
+# Both client scripts start with this: the figures of one timed loop.
+FIGURES = r'''
 import ctypes, json, sys, time
+def figures(lat, moved, el):
+    lat = sorted(lat)
+    return {"GBps": moved / el / 1e9, "p50_us": lat[len(lat) // 2] * 1e6,
+            "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6, "batches": len(lat)}
+'''
+
+WORKER = FIGURES + r'''
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 master, holder_seg, seconds, shapes = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
 role = sys.argv[5]
@@ -65,9 +73,7 @@ for name, size, n in shapes:
         el = time.perf_counter() - t0
         if op == "put":
             put_rounds = r
-        lat.sort()
-        res[op] = {"GBps": moved / el / 1e9, "p50_us": lat[len(lat) // 2] * 1e6,
-                   "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6, "batches": r}
+        res[op] = figures(lat, moved, el)
     s.remove_all(True)
     s.unregister_buffer(ptr)
     out[name] = res
@@ -81,8 +87,7 @@ print(json.dumps(out), flush=True)
 s.close()
 '''
 
-RAW = r'''
-import ctypes, json, sys, time
+RAW = FIGURES + r'''
 from mooncake.engine import TransferEngine
 seconds, shapes, role = float(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 span = max(size * n for _, size, n in shapes)
@@ -111,21 +116,20 @@ for name, size, n in shapes:
             moved += size * n
             r += 1
         el = time.perf_counter() - t0
-        lat.sort()
-        res[op] = {"GBps": moved / el / 1e9, "p50_us": lat[len(lat) // 2] * 1e6,
-                   "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e6, "batches": r}
+        res[op] = figures(lat, moved, el)
     out[name] = res
 print(json.dumps(out), flush=True)
 '''
 
 
-def run_raw(python: str, seconds: float) -> dict:
-    shapes = json.dumps(SHAPES)
-    holder = subprocess.Popen([python, "-c", RAW, str(seconds), shapes, "holder"], stdin=subprocess.PIPE,
+def holder_then_worker(python: str, script: str, holder_args: list, worker_args) -> dict:
+    """Runs ``script`` as a holder (until the worker ends) and as a worker given the
+    holder's first line (``worker_args(ready)``); returns the worker's figures."""
+    holder = subprocess.Popen([python, "-c", script, *holder_args], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        where = json.loads(holder.stdout.readline())
-        worker = subprocess.run([python, "-c", RAW, str(seconds), shapes, "worker", where["peer"], str(where["addr"])],
+        ready = json.loads(holder.stdout.readline())
+        worker = subprocess.run([python, "-c", script, *worker_args(ready)],
                                 capture_output=True, text=True, timeout=600)
         if worker.returncode != 0:
             raise RuntimeError(worker.stderr[-2000:])
@@ -133,6 +137,12 @@ def run_raw(python: str, seconds: float) -> dict:
     finally:
         holder.kill()
         holder.wait()
+
+
+def run_raw(python: str, seconds: float) -> dict:
+    args = [str(seconds), json.dumps(SHAPES)]
+    return holder_then_worker(python, RAW, [*args, "holder"],
+                              lambda where: [*args, "worker", where["peer"], str(where["addr"])])
 
 
 def free_port() -> int:
@@ -148,7 +158,6 @@ def run_round(python: str, seconds: float, segment: int) -> dict:
                                "--rpc_address=127.0.0.1", "--metrics_host=127.0.0.1",
                                "--default_kv_lease_ttl=100"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    holder = None
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -159,21 +168,12 @@ def run_round(python: str, seconds: float, segment: int) -> dict:
                 if time.monotonic() > deadline or master.poll() is not None:
                     raise RuntimeError(f"{master_bin} did not start")
                 time.sleep(0.1)
-        addr = f"127.0.0.1:{rpc}"
-        shapes = json.dumps(SHAPES)
-        holder = subprocess.Popen([python, "-c", WORKER, addr, str(segment), str(seconds), shapes, "holder"],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        json.loads(holder.stdout.readline())
-        worker = subprocess.run([python, "-c", WORKER, addr, "0", str(seconds), shapes, "worker"],
-                                capture_output=True, text=True, timeout=600)
-        if worker.returncode != 0:
-            raise RuntimeError(worker.stderr[-2000:])
-        return json.loads(worker.stdout.strip().splitlines()[-1])
+        addr, shapes = f"127.0.0.1:{rpc}", json.dumps(SHAPES)
+        return holder_then_worker(python, WORKER, [addr, str(segment), str(seconds), shapes, "holder"],
+                                  lambda _: [addr, "0", str(seconds), shapes, "worker"])
     finally:
-        for p in (holder, master):
-            if p is not None:
-                p.kill()
-                p.wait()
+        master.kill()
+        master.wait()
 
 
 def main() -> None:
