@@ -332,32 +332,27 @@ impl Open {
             }
         }
         if !revoke.is_empty() {
-            let req = KeysRequest {
-                client_id: self.link.client_id(),
-                keys: revoke,
-            };
+            let req = KeysRequest::new(self.link.client_id(), revoke.iter().map(String::as_str));
             if let Err(e) = self.link.call(|mut c| {
                 let req = req.clone();
                 async move { c.batch_put_revoke(req).await }
             }) {
-                tracing::warn!("store: revoking {} failed puts: {e} (the master discards them after put_start_discard_timeout_sec)", req.keys.len());
+                tracing::warn!("store: revoking {} failed puts: {e} (the master discards them after put_start_discard_timeout_sec)", req.len());
             }
         }
         if !commit.is_empty() {
-            let req = KeysRequest {
-                client_id: self.link.client_id(),
-                keys: commit.iter().map(|(_, k)| k.clone()).collect(),
-            };
+            let keys: Vec<&str> = commit.iter().map(|(_, k)| k.as_str()).collect();
+            let req = KeysRequest::new(self.link.client_id(), keys.iter().copied());
             let reply = self.link.call(|mut c| {
                 let req = req.clone();
                 async move { c.batch_put_end(req).await }
             })?;
-            let ends = reply.codes.iter().zip(&req.keys).map(|(&v, k)| match v {
+            let ends = reply.codes.iter().zip(&keys).map(|(&v, k)| match v {
                 0 => Ok(()),
                 v => Err(StoreError::from_code(code_of(v), k)),
             });
             let slots: Vec<usize> = commit.iter().map(|(at, _)| *at).collect();
-            fill(&mut out, &slots, ends, &req.keys)?;
+            fill(&mut out, &slots, ends, &keys)?;
         }
         Ok(out)
     }

@@ -1,6 +1,7 @@
 //! A client call's failure: upstream's code (what Python callers compare) and the
 //! sentence that says what went wrong and what to do (what `last_error` shows).
 
+use std::borrow::Cow;
 use std::fmt;
 
 use crate::codes::Code;
@@ -9,11 +10,12 @@ use crate::codes::Code;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreError {
     pub code: Code,
-    pub message: String,
+    /// Borrowed where the text is fixed: a batch's per-key results cost no allocation.
+    pub message: Cow<'static, str>,
 }
 
 impl StoreError {
-    pub fn new(code: Code, message: impl Into<String>) -> Self {
+    pub fn new(code: Code, message: impl Into<Cow<'static, str>>) -> Self {
         Self {
             code,
             message: message.into(),

@@ -250,10 +250,7 @@ impl StoreClient {
                 if valid.is_empty() {
                     continue;
                 }
-                let req = KeysRequest {
-                    client_id: o.link.client_id(),
-                    keys: valid,
-                };
+                let req = KeysRequest::new(o.link.client_id(), valid.iter().copied());
                 let reply = o.link.call(|mut c| {
                     let req = req.clone();
                     async move { c.batch_exist(req).await }
@@ -269,7 +266,7 @@ impl StoreClient {
                             format!("is_exist: {}", code_of(v)),
                         )),
                     }),
-                    &req.keys,
+                    &valid,
                 )?;
             }
             Ok(out)
@@ -299,18 +296,18 @@ impl StoreClient {
                 }
                 let req = RemoveRequest {
                     client_id: o.link.client_id(),
-                    keys: valid,
+                    keys: valid.iter().map(|k| k.to_string()).collect(),
                     force,
                 };
                 let reply = o.link.call(|mut c| {
                     let req = req.clone();
                     async move { c.batch_remove(req).await }
                 })?;
-                let results = reply.codes.iter().zip(&req.keys).map(|(&v, k)| match v {
+                let results = reply.codes.iter().zip(&valid).map(|(&v, k)| match v {
                     0 => Ok(()),
                     v => Err(StoreError::from_code(code_of(v), k)),
                 });
-                fill(&mut out, &pos, results, &req.keys)?;
+                fill(&mut out, &pos, results, &valid)?;
             }
             Ok(out)
         })
@@ -388,11 +385,11 @@ fn unregister(engine: &TransferEngine, buf: Option<&HostBuffer>) {
 
 /// Splits a chunk of keys into those worth sending and, for the others, their error
 /// (pushed to `out` at once). Returns the keys to send and their positions in `out`.
-fn valid_keys<T>(
-    chunk: &[String],
+fn valid_keys<'k, T>(
+    chunk: &'k [String],
     out: &mut Vec<Result<T, StoreError>>,
     bad: impl Fn(StoreError) -> Result<T, StoreError>,
-) -> (Vec<String>, Vec<usize>) {
+) -> (Vec<&'k str>, Vec<usize>) {
     let mut valid = Vec::with_capacity(chunk.len());
     let mut pos = Vec::with_capacity(chunk.len());
     for key in chunk {
@@ -400,7 +397,7 @@ fn valid_keys<T>(
             Ok(()) => {
                 pos.push(out.len());
                 out.push(Err(StoreError::new(Code::InternalError, "not answered")));
-                valid.push(key.clone());
+                valid.push(key.as_str());
             }
             Err(e) => out.push(bad(e)),
         }
@@ -414,7 +411,7 @@ fn fill<T>(
     out: &mut [Result<T, StoreError>],
     pos: &[usize],
     results: impl ExactSizeIterator<Item = Result<T, StoreError>>,
-    keys: &[String],
+    keys: &[&str],
 ) -> Result<(), StoreError> {
     if results.len() != keys.len() {
         return Err(StoreError::new(
@@ -445,15 +442,12 @@ impl Open {
             if valid.is_empty() {
                 continue;
             }
-            let req = KeysRequest {
-                client_id: self.link.client_id(),
-                keys: valid,
-            };
+            let req = KeysRequest::new(self.link.client_id(), valid.iter().copied());
             let reply = self.link.call(|mut c| {
                 let req = req.clone();
                 async move { c.batch_get_replicas(req).await }
             })?;
-            let results = reply.results.into_iter().zip(&req.keys).map(|(r, k)| {
+            let results = reply.results.into_iter().zip(&valid).map(|(r, k)| {
                 if r.code != 0 {
                     return Err(StoreError::from_code(code_of(r.code), k));
                 }
@@ -470,7 +464,7 @@ impl Open {
                     .collect())
             });
             let results: Vec<_> = results.collect();
-            fill(&mut out, &pos, results.into_iter(), &req.keys)?;
+            fill(&mut out, &pos, results.into_iter(), &valid)?;
         }
         Ok(out)
     }

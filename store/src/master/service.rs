@@ -172,6 +172,13 @@ fn check_batch(n: usize) -> Result<(), Status> {
     Ok(())
 }
 
+/// The keys of a batch, checked: at most [`MAX_BATCH`], cut exactly, UTF-8.
+fn keys_of(req: &KeysRequest) -> Result<Vec<&str>, Status> {
+    check_batch(req.len())?;
+    req.keys()
+        .map_err(|why| Status::invalid_argument(format!("malformed batch of keys: {why}")))
+}
+
 fn replicas_msg(replicas: Vec<Replica>) -> Vec<msg::Replica> {
     replicas
         .into_iter()
@@ -278,11 +285,10 @@ impl Master for MasterService {
 
     async fn batch_exist(&self, req: Request<KeysRequest>) -> Result<Response<CodesReply>, Status> {
         let req = req.into_inner();
-        check_batch(req.keys.len())?;
+        let keys = keys_of(&req)?;
         let now = Instant::now();
         let mut state = self.shared.state.lock();
-        let codes = req
-            .keys
+        let codes = keys
             .iter()
             .map(|k| match state.exists(now, k) {
                 Ok(true) => 1,
@@ -294,7 +300,7 @@ impl Master for MasterService {
         self.shared
             .calls
             .exists
-            .fetch_add(req.keys.len() as u64, Ordering::Relaxed);
+            .fetch_add(keys.len() as u64, Ordering::Relaxed);
         Ok(Response::new(CodesReply { codes }))
     }
 
@@ -303,12 +309,11 @@ impl Master for MasterService {
         req: Request<KeysRequest>,
     ) -> Result<Response<ReplicasReply>, Status> {
         let req = req.into_inner();
-        check_batch(req.keys.len())?;
+        let keys = keys_of(&req)?;
         let now = Instant::now();
         let mut state = self.shared.state.lock();
         let mut failed = 0;
-        let results = req
-            .keys
+        let results = keys
             .iter()
             .map(|k| match state.get_replicas(now, k) {
                 Ok(r) => ReplicasResult {
@@ -326,9 +331,7 @@ impl Master for MasterService {
             .collect();
         drop(state);
         let calls = &self.shared.calls;
-        calls
-            .gets
-            .fetch_add(req.keys.len() as u64, Ordering::Relaxed);
+        calls.gets.fetch_add(keys.len() as u64, Ordering::Relaxed);
         calls.gets_failed.fetch_add(failed, Ordering::Relaxed);
         Ok(Response::new(ReplicasReply { results }))
     }
@@ -466,12 +469,11 @@ impl MasterService {
         f: impl Fn(&mut State, Instant, ClientId, &str) -> Result<(), Code>,
     ) -> Result<Response<CodesReply>, Status> {
         let req = req.into_inner();
-        check_batch(req.keys.len())?;
+        let keys = keys_of(&req)?;
         let client = client_of(req.client_id)?;
         let now = Instant::now();
         let mut state = self.shared.state.lock();
-        let codes = req
-            .keys
+        let codes = keys
             .iter()
             .map(|k| {
                 let r = f(&mut state, now, client, k);

@@ -19,7 +19,7 @@ pub use generated::master_client::MasterClient;
 pub use generated::master_server::{Master, MasterServer};
 
 /// Version of the messages; a master refuses a client of another protocol.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// This store's version (the crate's), sent in `Hello` both ways.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
