@@ -71,6 +71,11 @@ pub fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     true
 }
 
+/// Polls `done` until it holds; panics saying `what` did not happen once `limit` passes.
+pub fn wait_until(limit: Duration, what: &str, done: impl FnMut() -> bool) {
+    assert!(wait_for(limit, done), "{what}: not within {limit:?}");
+}
+
 /// Deterministic, non-periodic test data.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

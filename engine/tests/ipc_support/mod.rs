@@ -708,6 +708,7 @@ pub fn unregister_revokes_peer_mappings(vendor: Vendor) {
         device_buffer(0, &pattern(len, 10)),
     ];
     let b = peer.b;
+    let written = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut i = 0;
@@ -717,11 +718,20 @@ pub fn unregister_revokes_peer_mappings(vendor: Vendor) {
                 // SAFETY: `sources` outlive the scope.
                 let _ =
                     unsafe { e.transfer_sync(&seg, &[Request::new(OpCode::Write, src, b, LEN)]) };
+                written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         });
-        std::thread::sleep(Duration::from_millis(100));
+        // Unregistered while writes go on: once two went through.
+        assert!(
+            wait_for(Duration::from_secs(10), || written
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 2),
+            "the writes to b never got going"
+        );
         peer.unregister(peer.b);
         let after = peer.hash(peer.b, LEN);
+        // Lets the writer go on for a while: a write landing after unregister returned
+        // would change the bytes within it.
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(
             peer.hash(peer.b, LEN),
