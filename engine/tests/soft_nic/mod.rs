@@ -16,10 +16,13 @@ pub fn source_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/soft_nic")
 }
 
-/// Cargo's scratch directory of the tests. Cargo names it to test targets only: the test
-/// child binary (`tests/child/`), which builds no library and makes no fabric, has none.
+/// Cargo's scratch directory of the tests: named to test targets when they are built, and
+/// to the test child binary (`tests/child/`) by its parent, as the variable.
 fn scratch_dir() -> PathBuf {
-    PathBuf::from(option_env!("CARGO_TARGET_TMPDIR").expect("built as a test target"))
+    option_env!("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("CARGO_TARGET_TMPDIR").map(PathBuf::from))
+        .expect("CARGO_TARGET_TMPDIR: from Cargo in a test, from the parent test in its child")
 }
 
 /// Where this test binary's soft NIC build lives.
