@@ -13,7 +13,7 @@
 )]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -754,29 +754,6 @@ fn selftest_with_an_unservable_protocol_fails_saying_why() {
     assert!(c.saw.contains("not served by this engine"), "{}", c.saw);
 }
 
-/// Not a test of its own: the engine process `--peer` tests reach (run when
-/// DOCTOR_PEER_CHILD is set). Prints its session id, serves until stdin closes.
-#[test]
-fn peer_child_engine() {
-    if std::env::var_os("DOCTOR_PEER_CHILD").is_none() {
-        return;
-    }
-    let e = transfer_engine::TransferEngine::new(
-        "127.0.0.1",
-        transfer_engine::P2P_HANDSHAKE,
-        transfer_engine::Config::default(),
-    )
-    .unwrap();
-    let buf = transfer_engine::HostBuffer::new(1 << 20);
-    e.register_memory(buf.addr(), 1 << 20, "cpu:0").unwrap();
-    // Straight to the stdout handle: the test harness captures `println!`.
-    let mut out = std::io::stdout();
-    writeln!(out, "SESSION {}", e.session_id()).unwrap();
-    out.flush().unwrap();
-    let mut line = String::new();
-    let _ = std::io::stdin().read_line(&mut line);
-}
-
 struct Child(
     std::process::Child,
     String,
@@ -785,14 +762,8 @@ struct Child(
 
 impl Child {
     fn spawn() -> Self {
-        let mut c = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "peer_child_engine",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("DOCTOR_PEER_CHILD", "1")
+        // The engine process of `tests/child/bin.rs`.
+        let mut c = Command::new(env!("CARGO_BIN_EXE_doctor-test-peer"))
             .env("MC_LOG_LEVEL", "ERROR")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -805,8 +776,7 @@ impl Child {
                 out.read_line(&mut l).unwrap() > 0,
                 "child ended before its session line"
             );
-            // libtest prints "test peer_child_engine ... " before it on the same line.
-            if let Some((_, s)) = l.split_once("SESSION ") {
+            if let Some(s) = l.strip_prefix("SESSION ") {
                 break s.trim().to_string();
             }
         };

@@ -504,6 +504,8 @@ fn callers_against(
                 // Started together, the threads would all find the link idle and queue
                 // to the lanes, round after round (they fail together at the deadline);
                 // one after another, each finds the batches before it still in flight.
+                // Spaced starts, not a wait for an event: a caller's batch is in flight
+                // only inside its blocking call, which tells nobody when it is.
                 std::thread::sleep(Duration::from_millis(10) * t as u32);
                 for round in 0..case.rounds {
                     let mem = Mapping::new(slot, PAGE, WRITE_FILL);
@@ -753,12 +755,22 @@ fn a_callers_send_stalled_by_the_peer_returns_the_caller_to_its_wait() {
     // Every batch stays in flight until all are submitted: the later callers find the
     // link busy.
     let submitted = std::sync::Barrier::new(8);
+    let turn = AtomicU64::new(0);
     std::thread::scope(|s| {
         for t in 0..8usize {
-            let (engine, peer, longest, submitted) = (&engine, &peer, &longest, &submitted);
+            let (engine, peer, longest, submitted, turn) =
+                (&engine, &peer, &longest, &submitted, &turn);
             s.spawn(move || {
-                // One after another, so that later callers find the link busy.
-                std::thread::sleep(Duration::from_millis(10) * t as u32);
+                // One after another, so that later callers find the link busy: each once
+                // the callers before it have submitted.
+                let waited = Instant::now();
+                while turn.load(Ordering::Acquire) < t as u64 {
+                    assert!(
+                        waited.elapsed() < Duration::from_secs(30),
+                        "caller {t}: the callers before it never submitted"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 let local = HostBuffer::new(reqs * block);
                 local.fill(WRITE_FILL);
                 let remote = peer.remote + (t * reqs * block) as u64;
@@ -767,6 +779,7 @@ fn a_callers_send_stalled_by_the_peer_returns_the_caller_to_its_wait() {
                 // SAFETY: `local` outlives the batch, drained below before it is dropped.
                 let batch = unsafe { engine.submit_to_wait(&peer.session, &writes) }.unwrap();
                 let took = started.elapsed();
+                turn.fetch_add(1, Ordering::Release);
                 submitted.wait();
                 batch.cancel_and_drain();
                 let mut l = longest.lock().unwrap();

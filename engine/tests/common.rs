@@ -1,5 +1,5 @@
-//! Test support: a peer engine in a separate process (this test binary run
-//! again with `TE_TEST_PEER` set), page-aligned buffers, patterns and hashes.
+//! Test support: child processes (the `te-test-child` binary, `tests/child/`), a peer
+//! engine in one of them, page-aligned buffers, patterns and hashes.
 
 #![allow(dead_code)]
 #![allow(
@@ -10,6 +10,7 @@
 )]
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,44 @@ use transfer_engine::{Config, TransferEngine};
 pub const GUARD: u64 = 64 << 10;
 /// Fill of the guard zones, which must never change.
 pub const GUARD_FILL: u8 = 0x5A;
+
+/// The line `te-test-child` prints once a role has returned (`child/play.rs`).
+pub const CHILD_DONE: &str = "te-test-child: done";
+
+/// `te-test-child` playing `role` (`tests/child/bin.rs` lists them). Cargo names its
+/// scratch directory to test targets only, when they are built: the child has it as the
+/// variable `CARGO_TARGET_TMPDIR` (`fake_gpu` builds its runtime there), and passes it on
+/// to the children it starts.
+pub fn child_command(role: &str) -> Command {
+    let mut cmd = Command::new(child_exe());
+    cmd.arg(role);
+    #[cfg(test)]
+    cmd.env("CARGO_TARGET_TMPDIR", env!("CARGO_TARGET_TMPDIR"));
+    cmd
+}
+
+/// Runs a [`child_command`] and returns its combined output, asserting that it passed and
+/// that its role ran to its end.
+pub fn run_passing(mut cmd: Command, role: &str) -> String {
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{role} failed:\n{text}");
+    assert!(text.contains(CHILD_DONE), "{role} did not run:\n{text}");
+    text
+}
+
+fn child_exe() -> PathBuf {
+    // Cargo names the binary to integration tests only; in the binary itself (a child
+    // starting a peer) it is the running executable.
+    #[cfg(test)]
+    return PathBuf::from(env!("CARGO_BIN_EXE_te-test-child"));
+    #[cfg(not(test))]
+    return std::env::current_exe().expect("te-test-child knows its own path");
+}
 
 /// Polls `done` until it holds (true) or `limit` passes (false).
 pub fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
@@ -30,6 +69,11 @@ pub fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(1));
     }
     true
+}
+
+/// Polls `done` until it holds; panics saying `what` did not happen once `limit` passes.
+pub fn wait_until(limit: Duration, what: &str, done: impl FnMut() -> bool) {
+    assert!(wait_for(limit, done), "{what}: not within {limit:?}");
 }
 
 /// Deterministic, non-periodic test data.
@@ -77,10 +121,15 @@ pub struct Peer {
 }
 
 impl Peer {
-    #[allow(clippy::zombie_processes)] // waited for in `Drop`
     pub fn spawn(len: u64, seed: u64) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
+        Self::spawn_as("peer", len, seed)
+    }
+
+    /// A peer playing `role` instead of `peer` ([`peer_main`]): one that prints the same
+    /// `PEER` line and answers `hash` the same way, of other memory.
+    #[allow(clippy::zombie_processes)] // waited for in `Drop`
+    pub fn spawn_as(role: &str, len: u64, seed: u64) -> Self {
+        let mut child = child_command(role)
             .env("TE_TEST_PEER", format!("{len} {seed}"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -130,11 +179,9 @@ impl Drop for Peer {
     }
 }
 
-/// Body of the peer process; returns at once unless `TE_TEST_PEER` is set.
+/// The peer process (role `peer`): `TE_TEST_PEER="<len> <seed>"`.
 pub fn peer_main() {
-    let Ok(spec) = std::env::var("TE_TEST_PEER") else {
-        return;
-    };
+    let spec = std::env::var("TE_TEST_PEER").expect("TE_TEST_PEER=\"<len> <seed>\"");
     let mut it = spec.split_whitespace().map(|s| s.parse::<u64>().unwrap());
     let (len, seed) = (it.next().unwrap(), it.next().unwrap());
     let buf = Buf::new((len + 2 * GUARD) as usize);
@@ -145,7 +192,6 @@ pub fn peer_main() {
     engine
         .register_memory(buf.addr() + GUARD, len, "cpu:0")
         .unwrap();
-    // Straight to the stdout handle: the test harness captures `println!`.
     let mut out = std::io::stdout();
     writeln!(
         out,

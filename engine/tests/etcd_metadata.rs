@@ -123,11 +123,6 @@ fn ttl_config(cluster: &str) -> Config {
 }
 
 #[test]
-fn meta_child() {
-    meta_common::meta_child_main();
-}
-
-#[test]
 fn register_discover_transfer_over_etcd() {
     let etcd = Etcd::start();
     let (a_name, b_name) = (name(), name());

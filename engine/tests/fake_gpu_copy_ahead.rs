@@ -10,6 +10,7 @@
     clippy::expect_used,
     reason = "integration test: a failed unwrap is a failed test"
 )]
+mod common;
 mod fake_gpu;
 mod raw_peer;
 use fake_gpu::{
@@ -186,10 +187,16 @@ fn no_copy_out_of_device_memory_outlives_a_failed_batch() {
     target.register_memory(dst.addr(), len as u64, "*").unwrap();
     let seg = target.session_id().to_string();
     let writes = requests(OpCode::Write, src, dst.addr(), N, CHUNK);
+    let copied = stats()[1];
     // SAFETY: `src` is test-owned and outlives the batch (waited for below).
     let batch = unsafe { initiator.submit(&seg, &writes) }.unwrap();
-    // 64 chunks at 0.3 ms a copy and more: the target goes while most are queued.
-    std::thread::sleep(std::time::Duration::from_millis(5));
+    // The target goes while most of the 64 are queued: once the lane has copied out its
+    // first chunk and, ahead, the next request's.
+    common::wait_until(
+        std::time::Duration::from_secs(10),
+        "two chunks copied out of the device",
+        || stats()[1] - copied >= 2,
+    );
     drop(target);
     let result = batch.wait();
     assert!(
@@ -474,10 +481,13 @@ fn a_read_asked_for_while_the_one_before_is_sent_is_copied_out_ahead() {
     assert!(matches!(read_status(&mut peer), Status::Ok));
     let mut first = vec![0u8; CHUNK];
     peer.read_exact(&mut first[..4096]).unwrap();
-    // The target is blocked partway into the first reply; the next request comes now.
+    // The target is partway into the first reply, and stays there until the peer reads
+    // on. This pause only lets time pass: the next request comes while the target is
+    // stuck in its send, long after it began.
     std::thread::sleep(Duration::from_millis(200));
     peer.write_all(&read(dev + CHUNK as u64)).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    // On loopback the header is in the target's socket once `write_all` returns: the
+    // target finds it before its next piece, which only our reading lets it send.
     peer.read_exact(&mut first[4096..]).unwrap();
     assert!(first == data[..CHUNK], "the first read sent other bytes");
     assert!(matches!(read_status(&mut peer), Status::Ok));

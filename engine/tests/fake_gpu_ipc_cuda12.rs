@@ -7,15 +7,9 @@
     clippy::expect_used,
     reason = "integration test: a failed unwrap is a failed test"
 )]
+mod common;
 mod fake_gpu;
 mod ipc_support;
-
-#[test]
-fn ipc_peer_process() {
-    if std::env::var("TE_IPC_PEER").is_ok() {
-        ipc_support::peer_main();
-    }
-}
 
 #[test]
 fn scattered_requests_go_in_batches_with_the_cuda_12_signature() {

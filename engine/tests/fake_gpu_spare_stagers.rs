@@ -77,6 +77,11 @@ fn eventually(mut done: impl FnMut() -> bool) -> bool {
 /// Pinned allocations per stager (two chunks).
 const ALLOCS_PER_STAGER: u64 = (STAGER_BYTES / CHUNK) as u64;
 
+/// Stagers pinned now beyond the data servers': our lanes' and receivers', and spares.
+fn ours_pinned() -> u64 {
+    pinned()[0] / ALLOCS_PER_STAGER - staging_pool::live_stagers() as u64
+}
+
 /// Device memory moved to and from four peers in turn, through links of 4 lanes: the
 /// lanes and receivers of each link take the stagers those of the link before gave back,
 /// so pinned memory stays at one link's worth (4 lanes and 4 receivers), not four.
@@ -103,7 +108,14 @@ fn links_used_in_turn_share_their_staging_memory() {
             "no stager was given back after a round trip ({} spare)",
             spare_stagers::count()
         );
-        std::thread::sleep(Duration::from_millis(50));
+        // The others follow: every stager of ours (those pinned beyond the data servers')
+        // is a spare before the next link begins.
+        assert!(
+            eventually(|| spare_stagers::count() as u64 == ours_pinned()),
+            "{} spares of {} stagers of ours after a round trip",
+            spare_stagers::count(),
+            ours_pinned()
+        );
     }
     let allocated = (stats()[2] - allocs_before) / ALLOCS_PER_STAGER;
     // One link at a time stages through at most its 4 lanes and 4 receivers.

@@ -9,6 +9,7 @@
     clippy::expect_used,
     reason = "integration test: a failed unwrap is a failed test"
 )]
+mod common;
 mod fake_gpu;
 mod raw_peer;
 
@@ -62,6 +63,7 @@ fn a_streaming_connection_gives_its_stager_up_to_one_that_waits() {
         })
         .collect();
     let seg = target.session_id().to_string();
+    let landed = fake_gpu::stats()[1];
     // SAFETY: `src` is test-owned and outlives the batch (waited for below).
     let stream = unsafe { initiator.submit(&seg, &writes) }.unwrap();
     let waited = Instant::now();
@@ -72,7 +74,13 @@ fn a_streaming_connection_gives_its_stager_up_to_one_that_waits() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    std::thread::sleep(Duration::from_millis(100));
+    // The stream under way with its stager kept across writes: three copied into the
+    // device (the initiator's memory is host memory: every copy is the target's).
+    common::wait_until(
+        Duration::from_secs(60),
+        "three streamed writes landed",
+        || fake_gpu::stats()[1] - landed >= 3,
+    );
 
     // Another peer's write of 4 KiB into device memory is served meanwhile.
     let data_port = SocketAddr::from(([127, 0, 0, 1], target.data_port()));

@@ -7,6 +7,7 @@
     clippy::expect_used,
     reason = "integration test: a failed unwrap is a failed test"
 )]
+mod common;
 mod fake_gpu;
 mod ipc_support;
 

@@ -28,11 +28,6 @@ use transfer_engine::wire::handshake::MessageType;
 use transfer_engine::wire::session::HostPort;
 use transfer_engine::{Config, Notify, OpCode, Request, TransferEngine};
 
-#[test]
-fn peer_process() {
-    common::peer_main();
-}
-
 fn session_addr(session: &str) -> SocketAddr {
     session.parse().unwrap()
 }

@@ -153,11 +153,6 @@ fn a_cluster_id_partitions_engines() {
 }
 
 #[test]
-fn meta_child() {
-    meta_common::meta_child_main();
-}
-
-#[test]
 fn a_killed_engines_name_initializes_again_at_once() {
     // No sweep: the stale entry is still there when the name comes back.
     let srv = server(no_sweep());

@@ -9,6 +9,8 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -79,18 +81,21 @@ fn a_link_without_work_leaves_the_lane_budget_to_the_others() {
     let (b, b_mem) = peer();
     batch_to(&initiator, &a, &a_mem, &local);
     // a's link rests 50 ms after its last work (the housekeeping looks every 25 ms): work
-    // that moves from one peer to the next gets the whole budget at once.
-    std::thread::sleep(Duration::from_millis(300));
+    // that moves from one peer to the next gets the whole budget soon after. Batch after
+    // batch to b: each lane that takes a request opens its connection; four lanes are
+    // allowed once a's link rested, two while it counted (then b's stay at 2 for good).
     let before = connects(&initiator);
-    // Several batches: each lane that takes a request opens its connection; four lanes
-    // are allowed now, two were while a's link counted.
-    for _ in 0..8 {
+    let mut batches = 0;
+    let rested = common::wait_for(Duration::from_secs(10), || {
         batch_to(&initiator, &b, &b_mem, &local);
-    }
+        batches += 1;
+        connects(&initiator) - before >= 3
+    });
     let opened = connects(&initiator) - before;
     assert!(
-        opened >= 3,
-        "{opened} connections to b: with a's link rested, b's may use all 4 lanes"
+        rested && opened >= 3,
+        "{opened} connections to b after {batches} batches: with a's link rested, b's may \
+         use all 4 lanes"
     );
 }
 

@@ -14,11 +14,6 @@ use common::{engine, fnv, pattern, wait_for, Buf, Peer, GUARD, GUARD_FILL};
 use transfer_engine::{OpCode, Request, TaskStatus, TransferError};
 
 #[test]
-fn peer_process() {
-    common::peer_main();
-}
-
-#[test]
 fn data_moves_both_ways_with_bytes_verified() {
     let len = 8 << 20;
     let mut peer = Peer::spawn(len, 7);

@@ -2,7 +2,7 @@
 //! RDMA support, with Debian's real `libibverbs1` installed. Every outcome
 //! must be an ordinary [`VerbsUnavailable`] with the right reason; nothing
 //! may crash. Cases that read `MC_IBVERBS_PATH` run in a child process
-//! (this test binary re-run), so no test changes its own environment.
+//! (`te-test-child verbs-load`, `tests/child/`), so no test changes its own environment.
 
 #![allow(
     clippy::unwrap_used,
@@ -10,33 +10,20 @@
     reason = "integration test: a failed unwrap is a failed test"
 )]
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 use transfer_engine::verbs::{Verbs, VerbsError, VerbsUnavailable};
 
-const CHILD: &str = "VERBS_LOADER_CHILD";
-
-/// Runs `test` of this binary in a child with `env` set; returns its stdout.
-fn run_child(test: &str, env: &[(&str, &str)]) -> String {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .env_remove("MC_IBVERBS_PATH");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "child {test} failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+/// Runs `te-test-child verbs-load` with `env` set; returns its output.
+fn run_child(env: &[(&str, &str)]) -> String {
+    let mut cmd = common::child_command("verbs-load");
+    cmd.env_remove("MC_IBVERBS_PATH").envs(env.iter().copied());
+    common::run_passing(cmd, "verbs-load")
 }
 
-/// The child's `RESULT ...` line (the harness may print its test name first).
+/// The child's `RESULT ...` line.
 fn result_line(out: &str) -> &str {
     let at = out
         .find("RESULT")
@@ -44,24 +31,19 @@ fn result_line(out: &str) -> &str {
     out[at..].lines().next().unwrap_or_default()
 }
 
-/// Child side: prints what `Verbs::load()` (from the environment) gave.
-#[test]
-fn child_load_from_env() {
-    if std::env::var_os(CHILD).is_none() {
-        return;
-    }
-    match Verbs::load() {
-        Ok(v) => println!("RESULT loaded {}", v.path()),
-        Err(e) => println!("RESULT unavailable {e:?} | {e}"),
-    }
+/// Debian's `libibverbs1`, which scripts/install-deps.sh installs (with libibverbs-dev).
+fn system_verbs() -> std::sync::Arc<Verbs> {
+    Verbs::load_from(&["libibverbs.so.1".into()]).unwrap_or_else(|e| {
+        panic!(
+            "libibverbs.so.1 does not load ({e}): these tests need Debian's libibverbs1 \
+             (`apt-get install libibverbs1`, or scripts/install-deps.sh)"
+        )
+    })
 }
 
 #[test]
 fn override_naming_a_missing_file_is_unavailable_naming_the_path() {
-    let out = run_child(
-        "child_load_from_env",
-        &[("MC_IBVERBS_PATH", "/nonexistent/dir/libibverbs.so.1")],
-    );
+    let out = run_child(&[("MC_IBVERBS_PATH", "/nonexistent/dir/libibverbs.so.1")]);
     let line = result_line(&out);
     assert!(line.starts_with("RESULT unavailable NotLoaded"), "{line}");
     assert!(
@@ -82,10 +64,7 @@ fn override_naming_a_file_that_is_not_a_library_keeps_dlerror() {
     std::fs::create_dir_all(&dir).unwrap();
     let bogus = dir.join("libibverbs.so.1");
     std::fs::write(&bogus, b"not an ELF file").unwrap();
-    let out = run_child(
-        "child_load_from_env",
-        &[("MC_IBVERBS_PATH", bogus.to_str().unwrap())],
-    );
+    let out = run_child(&[("MC_IBVERBS_PATH", bogus.to_str().unwrap())]);
     std::fs::remove_dir_all(&dir).unwrap();
     let line = result_line(&out);
     assert!(line.starts_with("RESULT unavailable NotLoaded"), "{line}");
@@ -115,16 +94,7 @@ fn a_library_without_the_verbs_is_missing_symbol() {
 /// empty it is "no RDMA device"; on a host with devices they are listed.
 #[test]
 fn system_libibverbs_without_rdma_is_unavailable_with_the_reason() {
-    let verbs = match Verbs::load_from(&["libibverbs.so.1".into()]) {
-        Ok(v) => v,
-        Err(e) => {
-            // Only where rdma-core is not installed (scripts/install-deps.sh installs it).
-            assert!(matches!(e, VerbsUnavailable::NotLoaded { .. }), "{e:?}");
-            assert!(e.to_string().contains("libibverbs.so.1"), "{e}");
-            eprintln!("SKIP: libibverbs.so.1 is not installed: {e}");
-            return;
-        }
-    };
+    let verbs = system_verbs();
     assert_eq!(verbs.path(), "libibverbs.so.1");
     let ib = Path::new("/sys/class/infiniband");
     let has_devices = std::fs::read_dir(ib)
@@ -166,26 +136,24 @@ fn system_libibverbs_without_rdma_is_unavailable_with_the_reason() {
 /// With no override, `Verbs::load()` finds the system library by its soname.
 #[test]
 fn default_candidates_find_the_system_library() {
-    let out = run_child("child_load_from_env", &[]);
+    let out = run_child(&[]);
     let line = result_line(&out);
-    if line.starts_with("RESULT loaded") {
-        assert_eq!(line, "RESULT loaded libibverbs.so.1");
-    } else {
+    if !line.starts_with("RESULT loaded") {
+        // The error names every candidate; and a host where none loads lacks libibverbs1.
         assert!(
             line.contains("libibverbs.so.1") && line.contains("libibverbs.so"),
             "{line}"
         );
+        system_verbs();
     }
+    assert_eq!(line, "RESULT loaded libibverbs.so.1");
 }
 
 /// Our names for completion statuses are the texts of rdma-core's `ibv_wc_status_str`
 /// (called here in Debian's real library, which needs no device).
 #[test]
 fn status_texts_match_the_library() {
-    let Ok(verbs) = Verbs::load_from(&["libibverbs.so.1".into()]) else {
-        eprintln!("SKIP: libibverbs.so.1 is not installed");
-        return;
-    };
+    let verbs = system_verbs();
     let mut named = 0;
     for raw in 0..32u32 {
         let ours = transfer_engine::verbs::WcStatus::from_raw(raw);

@@ -11,6 +11,15 @@ use std::sync::Once;
 use transfer_engine::device::{self, Vendor};
 use transfer_engine::{Config, OpCode, Request, TransferEngine};
 
+/// Cargo's scratch directory of the tests: named to test targets when they are built, and
+/// to the test child binary (`tests/child/`) by its parent, as the variable.
+fn scratch_dir() -> PathBuf {
+    option_env!("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("CARGO_TARGET_TMPDIR").map(PathBuf::from))
+        .expect("CARGO_TARGET_TMPDIR: from Cargo in a test, from the parent test in its child")
+}
+
 /// Compiles the fake runtime for `vendor` under the target dir and points the engine at it.
 pub fn install_fake(vendor: Vendor) {
     static ONCE: Once = Once::new();
@@ -19,8 +28,7 @@ pub fn install_fake(vendor: Vendor) {
             Vendor::Cuda => ("libcudart.so.12", "MC_CUDART_PATH"),
             Vendor::Musa => ("libmusart.so.5", "MC_MUSART_PATH"),
         };
-        let dir =
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("fake-{}", vendor.prefix()));
+        let dir = scratch_dir().join(format!("fake-{}", vendor.prefix()));
         std::fs::create_dir_all(&dir).unwrap();
         let lib = dir.join(name);
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_gpu/fake_runtime.c");

@@ -1,8 +1,8 @@
 //! Same-host GPU IPC between processes under the FAKE GPU runtime (fake_gpu/fake_runtime.c:
 //! "device" memory is a memfd another process maps through the fake IPC handle). The peer
-//! is this test binary run again with `TE_IPC_PEER` set; it registers device memory
-//! inside larger allocations (as PyTorch's caching allocator hands out tensors), host
-//! memory, and answers `hash`, `unregister` and `exit` on stdin.
+//! is `te-test-child ipc-peer` (`tests/child/`) with `TE_IPC_PEER` set; it registers
+//! device memory inside larger allocations (as PyTorch's caching allocator hands out
+//! tensors), host memory, and answers `hash`, `unregister` and `exit` on stdin.
 
 #![allow(dead_code)]
 #![allow(
@@ -59,16 +59,10 @@ impl IpcPeer {
     /// Starts a peer whose regions hold `pattern(LEN, seed + i)`; `env` is set for it only.
     #[allow(clippy::zombie_processes)] // waited for in `Drop`
     pub fn spawn(seed: u64, env: &[(&str, &str)]) -> Self {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([
-            "--exact",
-            "ipc_peer_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("TE_IPC_PEER", seed.to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
+        let mut cmd = crate::common::child_command("ipc-peer");
+        cmd.env("TE_IPC_PEER", seed.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -154,11 +148,9 @@ impl Drop for IpcPeer {
     }
 }
 
-/// Body of the peer process; returns at once unless `TE_IPC_PEER` is set.
+/// The peer process (role `ipc-peer`): `TE_IPC_PEER=<seed>`.
 pub fn peer_main() {
-    let Ok(seed) = std::env::var("TE_IPC_PEER") else {
-        return;
-    };
+    let seed = std::env::var("TE_IPC_PEER").expect("TE_IPC_PEER=<seed>");
     let seed: u64 = seed.parse().unwrap();
     // The parent set MC_GPU_RUNTIME and the fake's path; building it again here would
     // rewrite a library the parent has mapped.
@@ -237,17 +229,10 @@ fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     true
 }
 
-/// The test functions of one vendor's binary: the peer entry point and every scenario.
+/// The test functions of one vendor's binary: every scenario.
 #[macro_export]
 macro_rules! ipc_tests {
     ($vendor:expr) => {
-        #[test]
-        fn ipc_peer_process() {
-            if std::env::var("TE_IPC_PEER").is_ok() {
-                ipc_support::peer_main();
-            }
-        }
-
         #[test]
         fn device_to_device_goes_over_ipc_with_one_open_per_allocation() {
             ipc_support::device_to_device_goes_over_ipc($vendor);
@@ -723,6 +708,7 @@ pub fn unregister_revokes_peer_mappings(vendor: Vendor) {
         device_buffer(0, &pattern(len, 10)),
     ];
     let b = peer.b;
+    let written = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut i = 0;
@@ -732,11 +718,20 @@ pub fn unregister_revokes_peer_mappings(vendor: Vendor) {
                 // SAFETY: `sources` outlive the scope.
                 let _ =
                     unsafe { e.transfer_sync(&seg, &[Request::new(OpCode::Write, src, b, LEN)]) };
+                written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         });
-        std::thread::sleep(Duration::from_millis(100));
+        // Unregistered while writes go on: once two went through.
+        assert!(
+            wait_for(Duration::from_secs(10), || written
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 2),
+            "the writes to b never got going"
+        );
         peer.unregister(peer.b);
         let after = peer.hash(peer.b, LEN);
+        // Lets the writer go on for a while: a write landing after unregister returned
+        // would change the bytes within it.
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(
             peer.hash(peer.b, LEN),

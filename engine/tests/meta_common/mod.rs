@@ -10,7 +10,7 @@
 )]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use crate::common::{pattern, Buf};
@@ -43,13 +43,11 @@ pub fn read(e: &TransferEngine, segment: &str, remote: u64, len: usize) -> Resul
     Ok(local.to_vec())
 }
 
-/// The engine process of the kill tests, for a `#[test] fn meta_child()` to call:
+/// The engine process of the kill tests (role `meta-engine`):
 /// `TE_META_CHILD="<connection string> <name> <seed>"`; the configuration from the
-/// environment. Returns at once without that variable.
+/// environment.
 pub fn meta_child_main() {
-    let Ok(spec) = std::env::var("TE_META_CHILD") else {
-        return;
-    };
+    let spec = std::env::var("TE_META_CHILD").expect("TE_META_CHILD=\"<url> <name> <seed>\"");
     let v: Vec<&str> = spec.split_whitespace().collect();
     let e = TransferEngine::new(v[1], v[0], Config::from_env().unwrap()).unwrap();
     let buf = Buf::new(4096);
@@ -81,11 +79,10 @@ impl Drop for Reaped {
     }
 }
 
-/// Starts `meta_child` and returns it with its buffer's address.
+/// Starts the engine process of [`meta_child_main`] and returns it with its buffer's address.
 #[allow(clippy::zombie_processes, reason = "reaped by `Reaped`")]
 pub fn spawn_child(url: &str, name: &str, seed: u64, env: &[(&str, &str)]) -> (Reaped, u64) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "meta_child", "--nocapture", "--test-threads=1"])
+    let mut child = crate::common::child_command("meta-engine")
         .env("TE_META_CHILD", format!("{url} {name} {seed}"))
         .envs(env.iter().copied())
         .stdin(Stdio::piped())

@@ -16,9 +16,18 @@ pub fn source_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../engine/tests/soft_nic")
 }
 
+/// Cargo's scratch directory of the tests: named to test targets when they are built, and
+/// to the test child binary (`tests/child/`) by its parent, as the variable.
+fn scratch_dir() -> PathBuf {
+    option_env!("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("CARGO_TARGET_TMPDIR").map(PathBuf::from))
+        .expect("CARGO_TARGET_TMPDIR: from Cargo in a test, from the parent test in its child")
+}
+
 /// Where this test binary's soft NIC build lives.
 pub fn build_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("soft-nic")
+    scratch_dir().join("soft-nic")
 }
 
 fn cc() -> Command {
@@ -150,7 +159,7 @@ impl SoftFabric {
     pub fn with_hcas(hcas: Vec<HcaSpec>) -> Self {
         library();
         static SEQ: AtomicU32 = AtomicU32::new(0);
-        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        let root = scratch_dir().join(format!(
             "soft-fabric/{}-{}",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
@@ -261,33 +270,15 @@ impl Drop for SoftFabric {
     }
 }
 
-/// This test binary again, running only `test` (`--exact`, one thread, output shown)
-/// with `fabric`'s environment, `TE_RDMA_CHILD=1`, protocol `rdma`, and none of the
-/// caller's RDMA selection variables (`MC_FORCE_TCP`, `MC_FORCE_HCA`, `MC_TE_FILTERS`,
-/// `MOONCAKE_RDMA_DEVICES`).
-pub fn child_command(test: &str, fabric: &SoftFabric) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("TE_RDMA_CHILD", "1")
-        .env("TE_TEST_PROTOCOL", "rdma")
+/// `cmd`, a child process of the tests, with `fabric`'s environment, protocol `rdma`
+/// (`TE_TEST_PROTOCOL`), and none of the caller's RDMA selection variables
+/// (`MC_FORCE_TCP`, `MC_FORCE_HCA`, `MC_TE_FILTERS`, `MOONCAKE_RDMA_DEVICES`).
+pub fn rdma_child(mut cmd: Command, fabric: &SoftFabric) -> Command {
+    cmd.env("TE_TEST_PROTOCOL", "rdma")
         .env_remove("MC_FORCE_TCP")
         .env_remove("MC_FORCE_HCA")
         .env_remove("MC_TE_FILTERS")
         .env_remove("MOONCAKE_RDMA_DEVICES");
     fabric.apply_to(&mut cmd);
     cmd
-}
-
-/// Runs a [`child_command`] and returns its combined output, asserting that its one test
-/// ran and passed.
-pub fn run_passing(mut cmd: Command, test: &str) -> String {
-    let out = cmd.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{test} failed:\n{text}");
-    assert!(text.contains("1 passed"), "{test} did not run:\n{text}");
-    text
 }

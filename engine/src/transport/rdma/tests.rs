@@ -474,8 +474,17 @@ fn a_slow_handshake_does_not_hold_up_a_drain() {
     assert_eq!(wait_in_flight(&fabric, "a0", 4), 4);
     // The endpoint to c takes 2 s to set up.
     *net.delay.lock() = Duration::from_secs(2);
+    let handshakes = net.handshakes.load(Ordering::SeqCst);
     let to_c = a.transfer(&c, OpCode::Write, 0, 65536);
-    std::thread::sleep(Duration::from_millis(50));
+    // The drain comes while that handshake is under way.
+    let t0 = Instant::now();
+    while net.handshakes.load(Ordering::SeqCst) == handshakes {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the handshake to c never began"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let t0 = Instant::now();
     to_b.cancel_and_drain();
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
