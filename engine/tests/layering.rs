@@ -7,6 +7,10 @@
 //! (`crate::Config`) included, and checked against [`MODULES`]. Comments and string
 //! literals are skipped. A top-level module missing from [`MODULES`] fails the test: add
 //! it there, with a rank and the reason for it.
+//!
+//! The same sources are held to a size: no file over [`FILE_LINES`] lines and no function
+//! over [`FN_LINES`], unless a `// size: <reason>` comment says why ([`SIZE_MARKER`]: among
+//! a file's opening lines, or right above a function), or [`SIZE_PENDING`] lists it.
 
 #![allow(
     clippy::unwrap_used,
@@ -235,7 +239,11 @@ fn skip_string(c: &[char], mut i: usize, raw: bool, hashes: usize, line: &mut us
     i += 1;
     while i < c.len() {
         match c[i] {
-            '\\' if !raw => i += 2,
+            '\\' if !raw => {
+                // An escaped line break (a string continued on the next line) is a line.
+                *line += usize::from(c.get(i + 1) == Some(&'\n'));
+                i += 2;
+            }
             '"' if (1..=hashes).all(|k| c.get(i + k) == Some(&'#')) => return i + 1 + hashes,
             ch => {
                 *line += usize::from(ch == '\n');
@@ -598,6 +606,204 @@ fn the_engine_knows_no_transport_types() {
 }
 
 // ---------------------------------------------------------------------------------------
+// Sizes: no file over FILE_LINES lines, no function over FN_LINES, unless it says why.
+// ---------------------------------------------------------------------------------------
+
+/// Lines an engine source file may have without saying why it needs more.
+const FILE_LINES: usize = 800;
+
+/// Lines a function may span (from its `fn` line to its closing brace, comments and
+/// blank lines included) without saying why it needs more.
+const FN_LINES: usize = 80;
+
+/// The comment that says why a file or function is longer: `// size: <reason>`, the
+/// reason not empty. A file's is among its opening lines (before the first line that
+/// starts with a letter: its module doc, inner attributes and comments); a function's is
+/// among the comment and attribute lines right above its `fn` line. Test modules and
+/// test functions are held to the same limits.
+const SIZE_MARKER: &str = "// size:";
+
+/// Files and functions over the limits that are left as they are for now, each with why:
+/// (file under `src/`, function or `""` for the file itself, why). An entry that is no
+/// longer over its limit, or that has its own marker, fails the test: remove its line.
+const SIZE_PENDING: &[(&str, &str, &str)] = &[
+    (
+        "metrics.rs",
+        "",
+        "its HTTP endpoint is being rewritten in a change of its own, which sizes the file",
+    ),
+    (
+        "metrics.rs",
+        "encode",
+        "its HTTP endpoint is being rewritten in a change of its own, which sizes the file",
+    ),
+];
+
+/// The reason of a `// size:` marker on `line`, if it is one with a reason.
+fn size_reason(line: &str) -> Option<&str> {
+    let reason = line.trim().strip_prefix(SIZE_MARKER)?.trim();
+    (!reason.is_empty()).then_some(reason)
+}
+
+/// Whether the opening lines of `src` carry a size marker.
+fn file_says_why(src: &str) -> bool {
+    src.lines()
+        .take_while(|l| !l.starts_with(|c: char| c.is_alphabetic()))
+        .any(|l| size_reason(l).is_some())
+}
+
+/// Whether the comment and attribute lines right above line `fn_line` (1-based) carry a
+/// size marker.
+fn fn_says_why(lines: &[&str], fn_line: usize) -> bool {
+    lines[..fn_line - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .take_while(|l| l.starts_with("//") || l.starts_with("#["))
+        .any(|l| size_reason(l).is_some())
+}
+
+/// A function of a file: its name, and the lines of its `fn` and of its closing brace.
+#[derive(Debug)]
+struct FnSpan {
+    name: String,
+    first: usize,
+    last: usize,
+}
+
+impl FnSpan {
+    fn lines(&self) -> usize {
+        self.last - self.first + 1
+    }
+}
+
+/// Every function with a body in `src` (nested ones too, each counted whole), found by
+/// matching braces over its tokens (comments and literals are gone, so braces in them do
+/// not count). A declaration without a body (`fn f();` in a trait or `extern` block) and
+/// a `fn(..)` pointer type are not functions here.
+fn functions(src: &str) -> Vec<FnSpan> {
+    let toks = tokenize(src);
+    let mut out = Vec::new();
+    for (i, (t, line)) in toks.iter().enumerate() {
+        let (Tok::Ident(kw), Some((Tok::Ident(name), _))) = (t, toks.get(i + 1)) else {
+            continue;
+        };
+        if kw != "fn" {
+            continue;
+        }
+        // The body's `{` is the first one outside the signature's parentheses and
+        // brackets (`-> [u8; 4]` has a `;` that does not end it).
+        let mut nesting = 0i32;
+        let mut body = None;
+        for (j, (tok, _)) in toks.iter().enumerate().skip(i + 2) {
+            match tok {
+                Tok::Punct('(' | '[') => nesting += 1,
+                Tok::Punct(')' | ']') => nesting -= 1,
+                Tok::Punct(';') if nesting == 0 => break,
+                Tok::Punct('{') if nesting == 0 => {
+                    body = Some(j);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let Some(open) = body else { continue };
+        let mut depth = 0usize;
+        for (tok, end_line) in &toks[open..] {
+            match tok {
+                Tok::Punct('{') => depth += 1,
+                Tok::Punct('}') => {
+                    depth -= 1;
+                    if depth == 0 {
+                        out.push(FnSpan {
+                            name: name.clone(),
+                            first: *line,
+                            last: *end_line,
+                        });
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Every file and function of `files` over its limit without a marker or a line of
+/// `pending` (as [`SIZE_PENDING`]), and every line of `pending` no longer needed.
+fn size_problems(files: &[(PathBuf, String)], pending: &[(&str, &str, &str)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut pending_used = BTreeSet::new();
+    let pending_at = |rel: &Path, name: &str| {
+        pending
+            .iter()
+            .position(|(f, n, _)| Path::new(f) == rel && *n == name)
+    };
+    for (rel, src) in files {
+        let lines: Vec<&str> = src.lines().collect();
+        if lines.len() > FILE_LINES && !file_says_why(src) {
+            match pending_at(rel, "") {
+                Some(k) => {
+                    pending_used.insert(k);
+                }
+                None => problems.push(format!(
+                    "src/{}: {} lines (over {FILE_LINES}): split it by responsibility, or say \
+                     why among its opening lines with `{SIZE_MARKER} <reason>`",
+                    rel.display(),
+                    lines.len()
+                )),
+            }
+        }
+        for f in functions(src) {
+            if f.lines() <= FN_LINES || fn_says_why(&lines, f.first) {
+                continue;
+            }
+            match pending_at(rel, &f.name) {
+                Some(k) => {
+                    pending_used.insert(k);
+                }
+                None => problems.push(format!(
+                    "src/{}:{}: fn {} spans {} lines (over {FN_LINES}): cut it into named \
+                     steps, or say why right above it with `{SIZE_MARKER} <reason>`",
+                    rel.display(),
+                    f.first,
+                    f.name,
+                    f.lines()
+                )),
+            }
+        }
+    }
+    for (k, (file, name, _)) in pending.iter().enumerate() {
+        if !pending_used.contains(&k) {
+            let what = if name.is_empty() {
+                String::new()
+            } else {
+                format!(" fn {name}")
+            };
+            problems.push(format!(
+                "SIZE_PENDING lists src/{file}{what}, which is within its limit or says why \
+                 itself now: remove its line"
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn no_file_or_function_is_over_its_size_without_saying_why() {
+    let files = engine_sources();
+    assert!(files.len() > 10, "found only {} source files", files.len());
+    let problems = size_problems(&files, SIZE_PENDING);
+    assert!(
+        problems.is_empty(),
+        "size limit passed ({}):\n{}",
+        problems.len(),
+        report(&problems)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
 // The checker itself, on synthetic trees: it can fail, and it does not cry wolf.
 // ---------------------------------------------------------------------------------------
 
@@ -686,4 +892,98 @@ fn a_glob_of_the_crate_root_is_refused() {
     let problems = check(&tree(&[("engine.rs", "use crate::*;\n")]));
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].contains("`crate::*`"), "{problems:?}");
+}
+
+/// A function of `lines` lines (its `fn` line and closing brace included), with `above`
+/// right above it.
+fn long_fn(name: &str, lines: usize, above: &str) -> String {
+    let body = "    let _ = 1;\n".repeat(lines - 2);
+    format!("{above}fn {name}() -> [u8; 2] {{\n{body}}}\n")
+}
+
+#[test]
+fn a_long_function_is_caught_and_a_marked_one_passes() {
+    let src = format!(
+        "//! A module.\n\n{}\n{}\n{}",
+        long_fn("at_the_limit", FN_LINES, ""),
+        long_fn("over", FN_LINES + 1, "/// Docs.\n"),
+        long_fn(
+            "marked",
+            FN_LINES + 1,
+            "/// Docs.\n// size: one table, read top to bottom\n#[inline]\n"
+        ),
+    );
+    let problems = size_problems(&tree(&[("wire/tables.rs", &src)]), &[]);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("src/wire/tables.rs:") && problems[0].contains("fn over spans 81"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn functions_are_found_by_their_braces_not_their_text() {
+    let src = "trait T { fn decl(&self); }\n\
+               type P = fn(u8) -> u8;\n\
+               fn outer() {\n    let s = \"}\";\n    let c = '{';\n    fn inner() {}\n}\n";
+    let fns = functions(src);
+    let spans: Vec<(&str, usize, usize)> = fns
+        .iter()
+        .map(|f| (f.name.as_str(), f.first, f.last))
+        .collect();
+    assert_eq!(spans, [("outer", 3, 7), ("inner", 6, 6)]);
+}
+
+#[test]
+fn a_long_file_is_caught_unless_its_opening_lines_say_why() {
+    let body = "const X: u8 = 0;\n".repeat(FILE_LINES);
+    let bare = format!("//! A module.\n{body}");
+    let marked = format!("//! A module.\n// size: generated-like constants\n{body}");
+    // A marker further down is a function's, not the file's.
+    let late = format!("//! A module.\n{body}// size: too late\n");
+    let problems = size_problems(
+        &tree(&[
+            ("bare.rs", &bare),
+            ("late.rs", &late),
+            ("marked.rs", &marked),
+            ("short.rs", "//! Short.\n"),
+        ]),
+        &[],
+    );
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(
+        problems[0].starts_with("src/bare.rs: 801 lines"),
+        "{problems:?}"
+    );
+    assert!(
+        problems[1].starts_with("src/late.rs: 802 lines"),
+        "{problems:?}"
+    );
+    assert!(size_problems(&tree(&[("x.rs", "// size:\nfn f() {}\n")]), &[]).is_empty());
+    assert!(
+        !file_says_why("// size:   \nfn f() {}\n"),
+        "a marker needs a reason"
+    );
+}
+
+#[test]
+fn a_pending_entry_excuses_its_own_and_must_go_once_unneeded() {
+    let long = format!("//! A module.\n{}", long_fn("encode", FN_LINES + 1, ""));
+    let pending = [
+        ("metrics.rs", "encode", "rewritten elsewhere"),
+        ("gone.rs", "", "why"),
+    ];
+    let problems = size_problems(&tree(&[("metrics.rs", &long)]), &pending);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("src/gone.rs") && problems[0].contains("remove its line"));
+}
+
+#[test]
+fn a_string_continued_on_the_next_line_counts_its_lines() {
+    let src = "fn f() {\n    let s = \"a \\\n             b\";\n}\nfn g() {}\n";
+    let spans: Vec<(String, usize, usize)> = functions(src)
+        .into_iter()
+        .map(|f| (f.name, f.first, f.last))
+        .collect();
+    assert_eq!(spans, [("f".into(), 1, 4), ("g".into(), 5, 5)]);
 }

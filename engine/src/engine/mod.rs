@@ -4,28 +4,25 @@
 pub mod error;
 mod housekeeping;
 mod location;
+mod submit;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::time::Duration;
 
 use parking_lot::RwLock;
 
 use crate::config::Config;
-use crate::error::TransferError;
 use crate::memory::MemoryRegistry;
 use crate::metadata::etcd::EtcdStore;
 use crate::metadata::handshake::{self, HandshakeServer};
 use crate::metadata::http::HttpStore;
 use crate::metadata::{MetadataStore, P2pStore, RpcMeta};
-use crate::metrics::{
-    Counters, Metrics, MetricsServer, MetricsSnapshot, RequestInfo, TransportCounters,
-};
+use crate::metrics::{Counters, Metrics, MetricsServer, MetricsSnapshot, TransportCounters};
 use crate::net;
 use crate::notify_queue::{NotifyQueue, REFUSED_REPLY};
 use crate::task::BatchState;
-use crate::transport::{Slice, Transport, TransportRequest};
+use crate::transport::{Transport, TransportRequest};
 use crate::wire::descriptor::{BufferDesc, NotifyMsg, SegmentDesc, PROBE_REPLY};
 use crate::wire::handshake::MessageType;
 use crate::wire::session::{HostPort, SegmentId};
@@ -156,37 +153,8 @@ impl TransferEngine {
         let kind = StoreKind::parse(metadata)?;
         let host = HostPort::parse(local_hostname, config.handshake_port)?.host;
         let ip = net::listen_ip(&host, config.tcp_bind_address, config.use_ipv6);
-        let (min, max) = (config.min_rpc_port, config.max_rpc_port);
-        let listen_err = |source: std::io::Error| EngineError::Listen {
-            what: format!(
-                "no free handshake port on {ip} in {min}-{max} (MC_MIN_RPC_PORT/MC_MAX_RPC_PORT)"
-            ),
-            source,
-        };
-        let rpc_listener = net::bind_in_range(ip, min, max, config.handshake_listen_backlog)
-            .map_err(listen_err)?;
-        let rpc_port = rpc_listener.local_addr().map_err(listen_err)?.port();
-        let (session_id, store): (String, Box<dyn MetadataStore>) = match kind {
-            StoreKind::P2p => {
-                let id = HostPort {
-                    host: host.clone(),
-                    port: rpc_port,
-                }
-                .session_id();
-                (id, Box::new(P2pStore::new(config.clone())))
-            }
-            StoreKind::Http(url) => {
-                // Store mode: the segment name is `local_hostname` verbatim (upstream).
-                SegmentId::parse(local_hostname, config.handshake_port)?;
-                let store = HttpStore::new(&url, &config.metadata_cluster_id, config.clone())?;
-                (local_hostname.to_string(), Box::new(store))
-            }
-            StoreKind::Etcd(conn) => {
-                SegmentId::parse(local_hostname, config.handshake_port)?;
-                let store = EtcdStore::new(&conn, config.clone())?;
-                (local_hostname.to_string(), Box::new(store))
-            }
-        };
+        let (rpc_listener, rpc_port) = bind_handshake(ip, &config)?;
+        let (session_id, store) = open_store(kind, local_hostname, &host, rpc_port, &config)?;
         let memory = Arc::new(MemoryRegistry::new());
         let transports = crate::transport::start(
             ip,
@@ -229,36 +197,11 @@ impl TransferEngine {
         let housekeeping = Housekeeping::start(Arc::downgrade(&inner))?;
         let metrics_server = match metrics_addr {
             None => None,
-            Some(addr) => {
-                let weak = Arc::downgrade(&inner);
-                let render = Box::new(move || {
-                    weak.upgrade()
-                        .map(|inner| inner.metrics.prometheus_text(&inner.transport_counters()))
-                        .unwrap_or_default()
-                });
-                let server =
-                    MetricsServer::start(addr, render).map_err(|source| EngineError::Listen {
-                        what: format!("cannot serve metrics on {addr} (MC_METRICS_PORT)"),
-                        source,
-                    })?;
-                tracing::info!("metrics at http://{}/metrics", server.addr());
-                Some(server)
-            }
+            Some(addr) => Some(serve_metrics(&inner, addr)?),
         };
         // Published once peers can reach our handshake port (a store may probe it), and
         // nothing fallible comes after it but `leave` on failure.
-        let rpc_meta = RpcMeta {
-            ip_or_host_name: inner.host.clone(),
-            rpc_port,
-        };
-        let joined = inner
-            .store
-            .join(&inner.session_id, &rpc_meta)
-            .and_then(|()| inner.store.publish(&inner.local_desc()));
-        if let Err(e) = joined {
-            inner.store.leave();
-            return Err(e.into());
-        }
+        inner.join_store()?;
         let desc = inner.local_desc();
         tracing::info!(
             "transfer engine {} up: handshake port {rpc_port}, transports {:?}, TCP data port {} (v2)",
@@ -485,7 +428,89 @@ impl TransferEngine {
     }
 }
 
+/// The handshake listener on `ip`, at the first free port of `MC_MIN_RPC_PORT` to
+/// `MC_MAX_RPC_PORT`, and its port.
+fn bind_handshake(ip: IpAddr, config: &Config) -> Result<(TcpListener, u16), EngineError> {
+    let (min, max) = (config.min_rpc_port, config.max_rpc_port);
+    let listen_err = |source: std::io::Error| EngineError::Listen {
+        what: format!(
+            "no free handshake port on {ip} in {min}-{max} (MC_MIN_RPC_PORT/MC_MAX_RPC_PORT)"
+        ),
+        source,
+    };
+    let rpc_listener =
+        net::bind_in_range(ip, min, max, config.handshake_listen_backlog).map_err(listen_err)?;
+    let rpc_port = rpc_listener.local_addr().map_err(listen_err)?.port();
+    Ok((rpc_listener, rpc_port))
+}
+
+/// The session id (segment name) and the metadata store of an engine named
+/// `local_hostname` whose handshake listener is at `host:rpc_port`.
+fn open_store(
+    kind: StoreKind,
+    local_hostname: &str,
+    host: &str,
+    rpc_port: u16,
+    config: &Config,
+) -> Result<(String, Box<dyn MetadataStore>), EngineError> {
+    Ok(match kind {
+        StoreKind::P2p => {
+            let id = HostPort {
+                host: host.to_string(),
+                port: rpc_port,
+            }
+            .session_id();
+            (id, Box::new(P2pStore::new(config.clone())))
+        }
+        StoreKind::Http(url) => {
+            // Store mode: the segment name is `local_hostname` verbatim (upstream).
+            SegmentId::parse(local_hostname, config.handshake_port)?;
+            let store = HttpStore::new(&url, &config.metadata_cluster_id, config.clone())?;
+            (local_hostname.to_string(), Box::new(store))
+        }
+        StoreKind::Etcd(conn) => {
+            SegmentId::parse(local_hostname, config.handshake_port)?;
+            let store = EtcdStore::new(&conn, config.clone())?;
+            (local_hostname.to_string(), Box::new(store))
+        }
+    })
+}
+
+/// Serves `inner`'s metrics at `addr` (`MC_METRICS_PORT`) for as long as the engine lives.
+fn serve_metrics(inner: &Arc<Inner>, addr: SocketAddr) -> Result<MetricsServer, EngineError> {
+    let weak = Arc::downgrade(inner);
+    let render = Box::new(move || {
+        weak.upgrade()
+            .map(|inner| inner.metrics.prometheus_text(&inner.transport_counters()))
+            .unwrap_or_default()
+    });
+    let server = MetricsServer::start(addr, render).map_err(|source| EngineError::Listen {
+        what: format!("cannot serve metrics on {addr} (MC_METRICS_PORT)"),
+        source,
+    })?;
+    tracing::info!("metrics at http://{}/metrics", server.addr());
+    Ok(server)
+}
+
 impl Inner {
+    /// Announces this engine in the metadata store: its handshake address, then its
+    /// descriptor; on failure it leaves the store again.
+    fn join_store(&self) -> Result<(), EngineError> {
+        let rpc_meta = RpcMeta {
+            ip_or_host_name: self.host.clone(),
+            rpc_port: self.rpc_port,
+        };
+        let joined = self
+            .store
+            .join(&self.session_id, &rpc_meta)
+            .and_then(|()| self.store.publish(&self.local_desc()));
+        if let Err(e) = joined {
+            self.store.leave();
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     fn segment_id(&self, name: &str) -> Result<SegmentId, EngineError> {
         Ok(SegmentId::parse(name, self.config.handshake_port)?)
     }
@@ -623,178 +648,6 @@ impl Inner {
                     self.transports.iter().map(|t| t.protocol()).collect::<Vec<_>>()
                 ),
             })
-    }
-
-    fn submit(
-        &self,
-        id: &SegmentId,
-        requests: &[Request],
-        caller_waits: bool,
-    ) -> Result<Batch, EngineError> {
-        let (mut seg, mut fetched) = self.open_segment(id)?;
-        let mut transport = self.transport_for(id, &seg.desc.read())?;
-        if !fetched {
-            let why = transport.unreachable(id, &seg.desc.read());
-            if let Some(why) = why {
-                // The peer may have restarted on new ports: look it up again.
-                tracing::info!(
-                    "segment {id} was unreachable ({why}); fetching its descriptor again"
-                );
-                self.segments.write().remove(id.name());
-                (seg, fetched) = self.open_segment(id)?;
-                transport = self.transport_for(id, &seg.desc.read())?;
-            }
-        }
-        let mut unknown = Vec::new();
-        {
-            let desc = seg.desc.read();
-            for (i, r) in requests.iter().enumerate() {
-                if r.len > 0 && desc.find_buffer(r.remote, r.len).is_none() {
-                    unknown.push(i);
-                }
-            }
-        }
-        if !unknown.is_empty() && !fetched {
-            // The peer may have registered memory since we cached its descriptor.
-            self.refresh_segment(id, &seg)?;
-            let desc = seg.desc.read();
-            unknown.retain(|&i| {
-                let r = &requests[i];
-                desc.find_buffer(r.remote, r.len).is_none()
-            });
-        }
-        let desc = Arc::clone(&seg.desc.read());
-        let gpu = crate::device::runtime()
-            .ok()
-            .filter(|rt| rt.device_count() > 0);
-        // Per request: its local region and device, and the transport that moves it (one
-        // that takes this request, e.g. same-host GPU IPC, else the peer's transport).
-        let mut transports: Vec<Arc<dyn Transport>> = vec![transport];
-        let plan: Vec<_> = requests
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                if r.len == 0 || unknown.binary_search(&i).is_ok() {
-                    return (None, None, 0);
-                }
-                let region = self.memory.find(r.local, r.len);
-                let local_device = match &region {
-                    Some(region) => region.device.map(|(_, d)| d),
-                    None => gpu.as_ref().and_then(|rt| rt.device_of(r.local)),
-                };
-                let taker = desc.find_buffer(r.remote, r.len).and_then(|b| {
-                    self.transports
-                        .iter()
-                        .find(|t| t.takes(&desc, local_device, b))
-                        .or_else(|| {
-                            // The peer's transport cannot move this one (RDMA and memory
-                            // no HCA registered): the next one that reaches the peer.
-                            let first = transports.first()?;
-                            if !first.declines(region.as_deref(), b) {
-                                return None;
-                            }
-                            self.transports.iter().find(|t| {
-                                !Arc::ptr_eq(t, first)
-                                    && t.reaches(&desc)
-                                    && !t.declines(region.as_deref(), b)
-                            })
-                        })
-                });
-                let which = match taker {
-                    None => 0,
-                    Some(t) => match transports.iter().position(|u| Arc::ptr_eq(u, t)) {
-                        Some(k) => k,
-                        None => {
-                            transports.push(t.clone());
-                            transports.len() - 1
-                        }
-                    },
-                };
-                (region, local_device, which)
-            })
-            .collect();
-        // Per transport, the stripe of host memory and of device memory.
-        let stripes: Vec<[u64; 2]> = transports
-            .iter()
-            .map(|t| [false, true].map(|device| t.slice_size_for(device).max(1)))
-            .collect();
-        let stripe_of = |which: usize, device: bool| stripes[which][usize::from(device)];
-        let counts: Vec<u32> = requests
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                if r.len == 0 || unknown.binary_search(&i).is_ok() {
-                    u32::from(r.len > 0)
-                } else {
-                    let (_, device, which) = &plan[i];
-                    r.len.div_ceil(stripe_of(*which, device.is_some())) as u32
-                }
-            })
-            .collect();
-        let bytes: u64 = requests.iter().map(|r| r.len).sum();
-        let budget = self.config.transfer_timeout + Duration::from_nanos(bytes);
-        let batch = BatchState::new(&counts, budget);
-        if caller_waits {
-            batch.set_caller_waits();
-        }
-        // `bench-no-metrics` (a build for the metrics-overhead A/B only) records nothing.
-        if cfg!(not(feature = "bench-no-metrics")) {
-            let infos = requests.iter().zip(&plan).map(|(r, p)| RequestInfo {
-                transport: u8::try_from(p.2).unwrap_or(u8::MAX),
-                read: r.op == OpCode::Read,
-                len: r.len,
-            });
-            batch.set_recorder(self.metrics.recorder(
-                seg.peer_metrics.clone(),
-                transports.iter().map(|t| t.protocol()),
-                infos,
-            ));
-        }
-        for &i in &unknown {
-            let r = &requests[i];
-            batch.task_failed(
-                i,
-                TransferError::AddressRejected {
-                    peer: id.to_string(),
-                    addr: r.remote,
-                    len: r.len,
-                },
-            );
-        }
-        let mut slices: Vec<Vec<Slice>> = transports.iter().map(|_| Vec::new()).collect();
-        for (i, (r, (region, local_device, which))) in requests.iter().zip(plan).enumerate() {
-            if r.len == 0 || unknown.binary_search(&i).is_ok() {
-                continue;
-            }
-            let stripe = stripe_of(which, local_device.is_some());
-            let mut off = 0;
-            while off < r.len {
-                let n = stripe.min(r.len - off);
-                slices[which].push(Slice {
-                    local_device,
-                    local_region: region.clone(),
-                    op: r.op,
-                    local: r.local + off,
-                    remote: r.remote + off,
-                    len: n,
-                    batch: batch.clone(),
-                    task: i,
-                    retries: 0,
-                });
-                off += n;
-            }
-        }
-        // The peer's own transport (index 0) last: if it fails, what others took is
-        // drained before the error returns, so the caller's memory is free again.
-        for (t, group) in transports.iter().zip(slices).rev() {
-            if !group.is_empty() {
-                if let Err(e) = t.post(id, &desc, group) {
-                    batch.cancel_and_drain();
-                    return Err(e.into());
-                }
-            }
-        }
-        Ok(batch)
     }
 }
 

@@ -100,6 +100,8 @@ impl<'a> Params<'a> {
 }
 
 /// Discovers the topology. Fails only on an unreadable or malformed `MC_CUSTOM_TOPO_JSON`.
+// size: discovery in order (the HCAs, a custom topology, the wanted and usable HCAs, the
+// matrix), each step feeding the next. Not cut into steps yet.
 pub fn discover(p: &Params<'_>) -> Result<Discovered, String> {
     let root = p.sysfs_root;
     let all = sysfs::hcas(root);

@@ -164,6 +164,8 @@ impl Run {
     }
 }
 
+// size: one copy thread's loop; its streams, current device and last batch live across
+// the groups it takes. Not cut into steps yet.
 fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>, batch: &Batching) {
     let carrier: Arc<dyn Abort> = Arc::new(DeviceCopies);
     let mut streams: HashMap<u32, Stream> = HashMap::new();

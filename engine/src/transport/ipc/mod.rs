@@ -531,6 +531,9 @@ impl Transport for IpcTransport {
         }
     }
 
+    // size: resolves and groups a post's slices in one pass, reusing the last buffer's
+    // lookup and mapping and handing each group to a copy thread as soon as it is cut. Not
+    // cut into steps yet.
     fn post(
         &self,
         segment: &SegmentId,

@@ -38,8 +38,10 @@
 #![deny(clippy::indexing_slicing)]
 
 pub mod backend;
+mod endpoint_cut;
 pub mod fake;
 mod path;
+mod peer;
 mod register;
 mod setup;
 pub mod verbs_backend;
@@ -60,10 +62,11 @@ use crate::error::TransferError;
 use crate::memory::Region;
 use crate::metrics::ConnectionCounters;
 use crate::wire::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
-use crate::wire::rdma::{format_gid, parse_gid, split_nic_path, ConnectMsg};
+use crate::wire::rdma::{format_gid, split_nic_path, ConnectMsg};
 use crate::wire::session::{HostPort, SegmentId};
 use backend::{MrKeys, Nic, QueuePair, RemoteQp};
 use path::Choice;
+use peer::{staged_at_peer, Peer};
 use worker::{Msg, Work};
 
 /// The protocol name in descriptors.
@@ -166,84 +169,6 @@ struct RegionKeys {
 impl RegionKeys {
     fn staged(&self) -> bool {
         self.how == register::Registration::Staged
-    }
-}
-
-/// Whether a peer's buffer is staged there (remote keys all 0 or none): no NIC reaches it.
-fn staged_at_peer(remote: &BufferDesc) -> bool {
-    remote.rkey.iter().all(|&k| k == 0)
-}
-
-/// A peer's RDMA device (its port's LID and GID come with the handshake reply).
-#[derive(Debug)]
-pub(crate) struct PeerDevice {
-    name: String,
-}
-
-/// A peer's registered buffer: its range, remote keys (device order) and the
-/// candidate devices for its location.
-#[derive(Debug)]
-pub(crate) struct PeerBuffer {
-    addr: u64,
-    len: u64,
-    rkeys: Vec<u32>,
-    choice: Choice,
-}
-
-/// What the transport needs of a peer's descriptor, checked once.
-#[derive(Debug)]
-pub(crate) struct Peer {
-    segment: String,
-    rpc: HostPort,
-    devices: Vec<PeerDevice>,
-    buffers: Vec<PeerBuffer>,
-}
-
-impl Peer {
-    fn from_desc(segment: &SegmentId, desc: &SegmentDesc) -> Result<Self, String> {
-        if !desc.speaks_rdma() {
-            return Err(format!(
-                "its descriptor offers {:?} and no RDMA devices",
-                desc.protocol
-            ));
-        }
-        let mut devices = Vec::with_capacity(desc.devices.len());
-        for d in &desc.devices {
-            parse_gid(&d.gid).map_err(|e| format!("device {:?}: {e}", d.name))?;
-            devices.push(PeerDevice {
-                name: d.name.clone(),
-            });
-        }
-        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
-        let buffers = desc
-            .buffers
-            .iter()
-            .map(|b| PeerBuffer {
-                addr: b.addr,
-                len: b.length,
-                rkeys: b.rkey.clone(),
-                choice: Choice::new(&desc.priority_matrix, &b.name, &names),
-            })
-            .collect();
-        Ok(Self {
-            segment: segment.name().to_string(),
-            rpc: segment.rpc().clone(),
-            devices,
-            buffers,
-        })
-    }
-
-    /// The buffer holding all of `[addr, addr+len)`.
-    fn buffer(&self, addr: u64, len: u64) -> Option<usize> {
-        let end = addr.checked_add(len)?;
-        self.buffers
-            .iter()
-            .position(|b| addr >= b.addr && end <= b.addr + b.len)
-    }
-
-    fn nic_path(&self, device: usize) -> String {
-        let name = self.devices.get(device).map_or("?", |d| d.name.as_str());
-        format!("{}@{name}", self.segment)
     }
 }
 
@@ -612,6 +537,64 @@ impl RdmaTransport {
 
 impl RdmaTransport {
     /// Whether our `region` is staged (no HCA registered it).
+    /// The peer buffer `s` goes to, or why it cannot go over RDMA: its local memory is not
+    /// registered or is staged, or the peer's is outside every buffer or staged.
+    fn target_of(
+        &self,
+        segment: &SegmentId,
+        peer: &Peer,
+        s: &Slice,
+    ) -> Result<usize, TransferError> {
+        let Some(region) = s.local_region.as_ref() else {
+            return Err(TransferError::LocalNotRegistered {
+                addr: s.local,
+                len: s.len,
+                protocol: PROTOCOL,
+            });
+        };
+        // Staged memory reaches us only when the peer has no TCP to go to instead.
+        if self.is_staged(region) {
+            let reason = format!(
+                "the local buffer at {:#x} is device memory no HCA could register \
+                 (staged), and the peer offers no TCP data port to stage it over; load \
+                 the peer-memory module (nvidia-peermem / mthreads-peermem)",
+                region.addr
+            );
+            return Err(TransferError::PeerUnreachable {
+                peer: segment.to_string(),
+                reason,
+            });
+        }
+        let Some(buffer) = peer.buffer(s.remote, s.len) else {
+            return Err(TransferError::AddressRejected {
+                peer: segment.to_string(),
+                addr: s.remote,
+                len: s.len,
+            });
+        };
+        if peer
+            .buffers
+            .get(buffer)
+            .is_some_and(|b| b.rkeys.iter().all(|&k| k == 0))
+        {
+            let reason = format!(
+                "its buffer at {:#x} is staged (no HCA of the peer could register that \
+                 device memory: load its peer-memory module), and {}",
+                s.remote,
+                if self.shared.params.force_hca {
+                    "MC_FORCE_HCA=1 forbids moving it over TCP"
+                } else {
+                    "it offers no TCP data port"
+                }
+            );
+            return Err(TransferError::PeerUnreachable {
+                peer: segment.to_string(),
+                reason,
+            });
+        }
+        Ok(buffer)
+    }
+
     fn is_staged(&self, region: &Region) -> bool {
         let regions = self.shared.regions.read();
         regions.get(&region.addr).is_some_and(RegionKeys::staged)
@@ -715,59 +698,13 @@ impl Transport for RdmaTransport {
         let limit = path::fragment_limit(self.slice_size(), shared.params.fragment_ratio);
         let mut pending: Option<Work> = None;
         for s in slices {
-            let Some(region) = s.local_region.as_ref() else {
-                let (addr, len) = (s.local, s.len);
-                s.finish(Err(TransferError::LocalNotRegistered {
-                    addr,
-                    len,
-                    protocol: PROTOCOL,
-                }));
-                continue;
+            let buffer = match self.target_of(segment, &peer, &s) {
+                Ok(buffer) => buffer,
+                Err(e) => {
+                    s.finish(Err(e));
+                    continue;
+                }
             };
-            // Staged memory reaches us only when the peer has no TCP to go to instead.
-            if self.is_staged(region) {
-                let reason = format!(
-                    "the local buffer at {:#x} is device memory no HCA could register \
-                     (staged), and the peer offers no TCP data port to stage it over; load \
-                     the peer-memory module (nvidia-peermem / mthreads-peermem)",
-                    region.addr
-                );
-                s.finish(Err(TransferError::PeerUnreachable {
-                    peer: segment.to_string(),
-                    reason,
-                }));
-                continue;
-            }
-            let Some(buffer) = peer.buffer(s.remote, s.len) else {
-                let (addr, len) = (s.remote, s.len);
-                s.finish(Err(TransferError::AddressRejected {
-                    peer: segment.to_string(),
-                    addr,
-                    len,
-                }));
-                continue;
-            };
-            if peer
-                .buffers
-                .get(buffer)
-                .is_some_and(|b| b.rkeys.iter().all(|&k| k == 0))
-            {
-                let reason = format!(
-                    "its buffer at {:#x} is staged (no HCA of the peer could register that \
-                     device memory: load its peer-memory module), and {}",
-                    s.remote,
-                    if self.shared.params.force_hca {
-                        "MC_FORCE_HCA=1 forbids moving it over TCP"
-                    } else {
-                        "it offers no TCP data port"
-                    }
-                );
-                s.finish(Err(TransferError::PeerUnreachable {
-                    peer: segment.to_string(),
-                    reason,
-                }));
-                continue;
-            }
             if let Some(p) = pending.as_mut() {
                 if p.absorbs(&s, buffer, limit) {
                     p.slice.len += s.len;

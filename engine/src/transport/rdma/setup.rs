@@ -8,7 +8,8 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{unbounded, Sender};
 
 use super::backend::RemoteQp;
-use super::worker::{EndpointCut, Msg};
+use super::endpoint_cut::EndpointCut;
+use super::worker::Msg;
 use super::{Peer, Shared};
 use crate::error::TransferError;
 use crate::wire::rdma::{format_gid, ConnectMsg};

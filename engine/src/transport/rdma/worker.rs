@@ -6,7 +6,6 @@
 //! out as completions free room (backpressure, never rejection).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +14,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use super::backend::{Completion, QueuePair, RdmaOp, WcStatus, WorkRequest};
+use super::endpoint_cut::EndpointCut;
 use super::{setup, Peer, Shared, PROTOCOL};
 use crate::error::TransferError;
 use crate::memory::Abort;
@@ -98,37 +98,6 @@ impl Work {
             e.finish(Err(err.clone()));
         }
         self.slice.finish(Err(err));
-    }
-}
-
-/// The carrier of an endpoint's slices: cutting it moves its queue pairs to ERROR, so the
-/// HCA flushes every outstanding request and touches none of their memory again.
-#[derive(Debug)]
-pub(crate) struct EndpointCut {
-    qps: Vec<Arc<dyn QueuePair>>,
-    broken: AtomicBool,
-}
-
-impl EndpointCut {
-    /// A switch over freshly connected queue pairs.
-    pub(crate) fn new(qps: Vec<Arc<dyn QueuePair>>) -> Self {
-        Self {
-            qps,
-            broken: AtomicBool::new(false),
-        }
-    }
-}
-
-impl Abort for EndpointCut {
-    fn abort(&self) {
-        self.broken.store(true, Ordering::SeqCst);
-        self.qps.iter().for_each(|q| q.to_error());
-    }
-}
-
-impl EndpointCut {
-    fn is_broken(&self) -> bool {
-        self.broken.load(Ordering::SeqCst)
     }
 }
 
@@ -526,35 +495,9 @@ impl Worker {
     }
 
     fn post(&mut self, ep_id: u64, work: Work) {
-        let lkey = work
-            .slice
-            .local_region
-            .as_ref()
-            .and_then(|r| self.shared.lkey(r, self.idx));
-        let rkey = work
-            .route
-            .peer
-            .buffers
-            .get(work.route.buffer)
-            .and_then(|b| b.rkeys.get(work.route.remote_dev))
-            .copied();
-        let (lkey, rkey, len) = match (lkey, rkey, u32::try_from(work.slice.len)) {
-            (Some(l), Some(r), Ok(n)) => (l, r, n),
-            (None, _, _) => {
-                let (addr, len) = (work.slice.local, work.slice.len);
-                return work.fail(TransferError::LocalNotRegistered {
-                    addr,
-                    len,
-                    protocol: PROTOCOL,
-                });
-            }
-            _ => {
-                let peer = work.route.peer.segment.clone();
-                return work.fail(TransferError::Protocol {
-                    peer,
-                    reason: "its descriptor lacks a remote key for the device".into(),
-                });
-            }
+        let (lkey, rkey, len) = match self.keys_of(&work) {
+            Ok(keys) => keys,
+            Err(e) => return work.fail(e),
         };
         let Some(ep) = self.eps.get_mut(&ep_id) else {
             return work.fail(TransferError::Canceled("endpoint vanished"));
@@ -618,6 +561,35 @@ impl Worker {
                     self.retry(work, err);
                 }
             }
+        }
+    }
+
+    /// The local key of `work`'s region on this HCA, the remote key of its peer buffer
+    /// on the chosen remote device, and its length as a work request carries it.
+    fn keys_of(&self, work: &Work) -> Result<(u32, u32, u32), TransferError> {
+        let lkey = work
+            .slice
+            .local_region
+            .as_ref()
+            .and_then(|r| self.shared.lkey(r, self.idx));
+        let rkey = work
+            .route
+            .peer
+            .buffers
+            .get(work.route.buffer)
+            .and_then(|b| b.rkeys.get(work.route.remote_dev))
+            .copied();
+        match (lkey, rkey, u32::try_from(work.slice.len)) {
+            (Some(l), Some(r), Ok(n)) => Ok((l, r, n)),
+            (None, _, _) => Err(TransferError::LocalNotRegistered {
+                addr: work.slice.local,
+                len: work.slice.len,
+                protocol: PROTOCOL,
+            }),
+            _ => Err(TransferError::Protocol {
+                peer: work.route.peer.segment.clone(),
+                reason: "its descriptor lacks a remote key for the device".into(),
+            }),
         }
     }
 

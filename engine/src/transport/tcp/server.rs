@@ -173,6 +173,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+// size: the data server's per-connection loop; its read-ahead, held statuses, landing
+// write and pinned region live across requests, so its steps share that state. Not cut
+// into steps yet.
 fn serve(
     stream: TcpStream,
     peer: SocketAddr,
