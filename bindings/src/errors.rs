@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use thiserror::Error;
 use transfer_engine::transport::select::Refusal;
-use transfer_engine::{EngineError, TransferError};
+use transfer_engine::{EngineError, Fault, TransferError};
 
 /// A failed binding call.
 #[derive(Debug, Error)]
@@ -67,6 +67,8 @@ impl BindingError {
 pub struct ErrorInfo {
     /// What kind of failure (`rdma_unavailable`, `peer_unreachable`, ...): see [`Cause`].
     pub kind: &'static str,
+    /// Whose failure it is: `caller`, `peer` or `host` (see [`Fault`]).
+    pub fault: &'static str,
     /// The full reason, `call: why` (what `last_error()` returns).
     pub message: String,
     /// The binding call that failed.
@@ -107,6 +109,20 @@ fn peer_hint(peer: &str) -> String {
 }
 
 impl BindingError {
+    /// Whose failure this is: the engine's own judgement for its errors, the caller's for
+    /// misuse of the bindings.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Self::NotInitialized
+            | Self::InvalidArgument(_)
+            | Self::UnknownBatch(_)
+            | Self::Interrupted => Fault::Caller,
+            Self::Managed(_) => Fault::Host,
+            Self::Transfer { source, .. } => source.fault(),
+            Self::Engine(e) => e.fault(),
+        }
+    }
+
     /// The typed cause: kind, peer and hint.
     pub fn cause(&self) -> Cause {
         match self {
@@ -128,6 +144,7 @@ impl BindingError {
         let c = self.cause();
         ErrorInfo {
             kind: c.kind,
+            fault: self.fault().as_str(),
             message: format!("{call}: {self}"),
             call: call.to_string(),
             peer: c.peer,
@@ -347,6 +364,7 @@ mod tests {
         );
         let info = last_error_info().unwrap();
         assert_eq!(info.kind, "protocol_not_served");
+        assert_eq!(info.fault, "caller");
         assert_eq!(info.call, "initialize");
         assert_eq!(Some(info.message), last_error());
         let reason = || "no HCA".to_string();
@@ -377,7 +395,14 @@ mod tests {
                 "MC_CUSTOM_TOPO_JSON",
             ),
         ] {
-            let c = refused(r).cause();
+            let e = refused(r);
+            let fault = if kind == "protocol_not_served" || kind == "config" {
+                "caller"
+            } else {
+                "host"
+            };
+            assert_eq!(e.info("initialize").fault, fault, "{kind}");
+            let c = e.cause();
             assert_eq!(c.kind, kind);
             assert!(c.hint.unwrap().contains(hint), "{kind}");
         }

@@ -98,6 +98,7 @@ impl PyTransferEngine {
 
     /// The typed cause of the calling thread's last failed call, as a dict: `kind`
     /// (`rdma_unavailable`, `peer_unreachable`, `address_rejected`, `timeout`, ...),
+    /// `fault` (whose failure: `caller`, `peer` or `host`),
     /// `message` (what `last_error()` returns), `call`, `peer`, `hint` (the `MC_*`
     /// variable or `mooncake-doctor` check that helps), `code`; None if it succeeded.
     #[staticmethod]
@@ -107,6 +108,7 @@ impl PyTransferEngine {
         };
         let d = PyDict::new(py);
         d.set_item("kind", info.kind)?;
+        d.set_item("fault", info.fault)?;
         d.set_item("message", info.message)?;
         d.set_item("call", info.call)?;
         d.set_item("peer", info.peer)?;

@@ -40,7 +40,7 @@ pub mod wire;
 pub use config::Config;
 pub use engine::error::EngineError;
 pub use engine::{Batch, Notify, Request, TransferEngine, P2P_HANDSHAKE};
-pub use error::TransferError;
+pub use error::{Fault, TransferError};
 pub use host_buffer::HostBuffer;
 pub use task::TaskStatus;
 pub use transport::TransportRequest;

@@ -102,6 +102,7 @@ def test_last_error_info_after_failed_initialize():
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "efa", "") == -1
     info = TransferEngine.last_error_info()
     assert info["kind"] == "protocol_not_served", info
+    assert info["fault"] == "caller", info
     assert info["call"] == "initialize" and info["code"] == -1
     assert info["message"] == TransferEngine.last_error()
     assert "efa" in info["message"] and "tcp" in info["hint"]
@@ -116,7 +117,7 @@ def test_last_error_info_rdma_forced_and_the_first_failure_points_at_the_doctor(
         "e = T()\n"
         "assert e.initialize('127.0.0.1', 'P2PHANDSHAKE', 'rdma', '') == -1\n"
         "i = T.last_error_info()\n"
-        "assert i['kind'] == 'rdma_unavailable', i\n"
+        "assert i['kind'] == 'rdma_unavailable' and i['fault'] == 'host', i\n"
         "assert 'MC_FORCE_HCA' in i['hint'] and 'mooncake-doctor' in i['hint'], i\n"
         "assert e.initialize('127.0.0.1', 'P2PHANDSHAKE', 'efa', '') == -1\n"
     )
@@ -131,15 +132,16 @@ def test_last_error_info_after_failed_transfers(engine, peer, local_buffer):
     a = local_buffer.addr
     assert eng.transfer_sync_write(peer.session_id, a, peer.buffer + peer.size - 8, 64) == -1
     info = TransferEngine.last_error_info()
-    assert info["kind"] == "address_rejected", info
+    assert info["kind"] == "address_rejected" and info["fault"] == "caller", info
     assert info["peer"] and info["hint"]
     dead = "127.0.0.1:1"
     assert eng.transfer_sync_write(dead, a, a, 64) == -1
     info = TransferEngine.last_error_info()
-    assert info["kind"] in ("peer_unreachable", "timeout"), info
+    assert info["kind"] in ("peer_unreachable", "timeout") and info["fault"] == "peer", info
     assert dead in info["peer"] and f"mooncake-doctor --peer {dead}" in info["hint"], info
     assert eng.batch_transfer_sync_write(peer.session_id, [a, a], [peer.buffer], [8, 8]) == -1
-    assert TransferEngine.last_error_info()["kind"] == "invalid_argument"
+    info = TransferEngine.last_error_info()
+    assert info["kind"] == "invalid_argument" and info["fault"] == "caller", info
 
 
 def test_two_distributions_shipping_mooncake_fail(tmp_path):

@@ -77,6 +77,7 @@ class TransferEngine:
         """The typed cause of the calling thread's last failed call: ``kind``
         (``"rdma_unavailable"``, ``"protocol_not_served"``, ``"peer_unreachable"``,
         ``"address_rejected"``, ``"timeout"``, ``"invalid_argument"``, ``"memory"``, ...),
+        ``fault`` (whose failure it is: ``"caller"``, ``"peer"`` or ``"host"``),
         ``message`` (what ``last_error()`` returns), ``call``, ``peer``, ``hint`` (the
         ``MC_*`` variable or ``mooncake-doctor`` check that helps) and ``code``; ``None``
         if that call succeeded."""

@@ -3,7 +3,7 @@
 
 use thiserror::Error;
 
-use crate::error::TransferError;
+use crate::error::{Fault, TransferError};
 use crate::memory::MemoryError;
 use crate::wire::WireError;
 
@@ -71,6 +71,34 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// Whose failure this is, from the variant and its source.
+    pub fn fault(&self) -> Fault {
+        use crate::metadata::MetadataError;
+        use crate::transport::select::Refusal;
+        use crate::transport::TransportError;
+        match self {
+            Self::Config(_) | Self::Memory(_) | Self::InvalidArgument(_) | Self::Unsupported(_) => {
+                Fault::Caller
+            }
+            Self::Listen { .. } | Self::Device(_) => Fault::Host,
+            Self::Metadata(MetadataError::Store { .. }) => Fault::Host,
+            Self::Metadata(_) | Self::Segment { .. } | Self::Handshake { .. } | Self::Wire(_) => {
+                Fault::Peer
+            }
+            Self::Transport(TransportError::Refused(r)) => match r {
+                Refusal::ProtocolNotServed { .. }
+                | Refusal::UnknownProtocol { .. }
+                | Refusal::Topology { .. } => Fault::Caller,
+                Refusal::RdmaRequired { .. } | Refusal::GpuUnavailable { .. } => Fault::Host,
+            },
+            Self::Transport(TransportError::Unusable { .. }) => Fault::Peer,
+            Self::Transport(TransportError::Register { .. } | TransportError::Io { .. }) => {
+                Fault::Host
+            }
+            Self::Transfer { source, .. } => source.fault(),
+        }
+    }
+
     /// Upstream's numeric error code for this failure.
     pub fn code(&self) -> i32 {
         match self {
@@ -90,6 +118,60 @@ impl EngineError {
             Self::Handshake { .. } => -104,
             Self::Wire(_) => -103,
             Self::Segment { .. } => -200,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metadata::MetadataError;
+
+    #[test]
+    fn each_call_failure_names_whose_it_is() {
+        let io = || std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let cases = [
+            (EngineError::InvalidArgument("len 0".into()), Fault::Caller),
+            (EngineError::Unsupported("nic_hint".into()), Fault::Caller),
+            (
+                EngineError::Listen {
+                    what: "cannot listen".into(),
+                    source: io(),
+                },
+                Fault::Host,
+            ),
+            (EngineError::Device("no libcudart".into()), Fault::Host),
+            (
+                EngineError::Metadata(MetadataError::UnknownSegment {
+                    segment: "prefill-0".into(),
+                    store: "http://m".into(),
+                }),
+                Fault::Peer,
+            ),
+            (
+                EngineError::Handshake {
+                    peer: "10.0.0.2:1".into(),
+                    reason: "reset".into(),
+                },
+                Fault::Peer,
+            ),
+            (
+                EngineError::Transfer {
+                    segment: "s".into(),
+                    source: TransferError::Timeout(std::time::Duration::from_secs(1)),
+                },
+                Fault::Peer,
+            ),
+            (
+                EngineError::Transfer {
+                    segment: "s".into(),
+                    source: TransferError::Canceled("shutdown"),
+                },
+                Fault::Caller,
+            ),
+        ];
+        for (e, fault) in cases {
+            assert_eq!(e.fault(), fault, "{e}");
         }
     }
 }
