@@ -43,11 +43,6 @@ const MODULES: &[(&str, u32, &str)] = &[
         "shared: socket reads and writes under one whole-request deadline; uses nothing of ours",
     ),
     (
-        "cli_flags",
-        3,
-        "shared: the `--name value` parser of the console scripts; uses nothing of ours",
-    ),
-    (
         "log_throttle",
         3,
         "shared: rate-limits the warning a bound logs when it bites; uses nothing of ours",
