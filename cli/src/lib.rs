@@ -159,7 +159,7 @@ pub struct GflagsLine {
 impl GflagsLine {
     pub fn new(args: &[String]) -> Self {
         Self {
-            args: args.to_vec().into_iter().peekable(),
+            args: Vec::from(args).into_iter().peekable(),
         }
     }
 

@@ -56,12 +56,10 @@ fn help_anywhere() {
 
 #[test]
 fn missing_values_are_named() {
-    for args in [&["--port"][..]] {
-        let mut f = line(args);
-        let (_, inline) = f.next_flag().unwrap().unwrap();
-        let e = f.value("port", inline).unwrap_err();
-        assert!(e.0.contains("--port needs a value"), "{args:?}: {e}");
-    }
+    let mut f = line(&["--port"]);
+    let (_, inline) = f.next_flag().unwrap().unwrap();
+    let e = f.value("port", inline).unwrap_err();
+    assert!(e.0.contains("--port needs a value"), "{e}");
     let mut f = line(&["--port=http"]);
     let (_, inline) = f.next_flag().unwrap().unwrap();
     let e = f
