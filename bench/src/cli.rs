@@ -1,7 +1,8 @@
 //! The benchmark's command line: upstream's gflags names (`--block_size=4096` or
-//! `--block_size 4096`), parsed by the engine's small flag parser.
+//! `--block_size 4096`), parsed by the console scripts' shared
+//! `mooncake-cli` layer.
 
-use transfer_engine::cli_flags::{wants_help, Flags as Line, UsageError};
+use mooncake_cli::{boolean, switch, wants_help, Flags as Line, UsageError};
 
 use crate::workload::Workload;
 
@@ -141,14 +142,7 @@ impl Flags {
                 "local_server_name" => f.local_server_name = Some(l.value(n, inline)?),
                 "segment_id" => f.segment_id = l.value(n, inline)?,
                 "device_name" => f.device_name = l.value(n, inline)?,
-                "auto_discovery" => {
-                    // gflags' booleans: bare means true, else `=true|false`.
-                    f.auto_discovery = match inline.as_deref() {
-                        None | Some("true") => true,
-                        Some("false") => false,
-                        Some(v) => return Err(one_of(n, v, "true, false")),
-                    }
-                }
+                "auto_discovery" => f.auto_discovery = boolean(n, inline.as_deref())?,
                 "buffer_size" => f.buffer_size = l.parsed(n, inline, "a byte count")?,
                 "batch_size" => f.batch_size = Some(l.parsed(n, inline, "a request count")?),
                 "block_size" => f.block_size = Some(l.parsed(n, inline, "a byte count")?),
@@ -157,12 +151,10 @@ impl Flags {
                 "report_unit" => f.report_unit = l.value(n, inline)?,
                 "report_precision" => f.report_precision = l.parsed(n, inline, "a digit count")?,
                 "json" => {
-                    if let Some(v) = inline {
-                        return Err(UsageError(format!("--json takes no value (got {v:?})")));
-                    }
+                    switch(n, inline.as_deref())?;
                     f.json = true;
                 }
-                _ => return Err(UsageError(format!("unknown flag --{n}; see --help"))),
+                _ => return Err(UsageError::unknown(n)),
             }
         }
         Ok(Some(f))
@@ -170,7 +162,7 @@ impl Flags {
 }
 
 fn one_of(name: &str, value: &str, choices: &str) -> UsageError {
-    UsageError(format!("--{name} {value:?}: expected one of {choices}"))
+    UsageError::one_of(name, value, choices)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod batch_table;
 pub mod cli;
 pub mod errors;
 pub mod host_memory;
+pub mod http_metadata_cli;
 pub mod managed_buffers;
 pub mod metadata_string;
 pub mod store_config;

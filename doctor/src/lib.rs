@@ -18,6 +18,8 @@ pub mod selftest;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use mooncake_cli::{switch, wants_help, Flags, UsageError};
+
 pub use host::Inputs;
 pub use report::{Check, Report, Status};
 
@@ -86,45 +88,52 @@ struct Cli {
     python: Option<String>,
 }
 
-fn parse(args: &[String]) -> Result<Option<Cli>, String> {
+/// The command line of `args` (program name first); `None` when help was asked for. Flag
+/// names take `_` for `-` (upstream's tools spell them with underscores).
+fn parse(args: &[String]) -> Result<Option<Cli>, UsageError> {
+    if wants_help(args) {
+        return Ok(None);
+    }
     let mut cli = Cli::default();
-    let mut it = args.iter().skip(1);
-    while let Some(a) = it.next() {
-        let (flag, inline) = match a.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let flag = flag.replace('_', "-");
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| it.next().cloned())
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--json" => cli.json = true,
-            "--no-color" | "--no-colour" => cli.no_color = true,
-            "--selftest" => cli.selftest = true,
-            "--peer" => cli.peer = Some(value()?),
-            "--protocol" => cli.protocol = Some(value()?),
-            "--device-name" => cli.device_name = Some(value()?),
-            "--sysfs-root" | "--sys-root" => cli.inputs_sysfs = Some(value()?.into()),
-            "--procfs-root" => cli.inputs_procfs = Some(value()?.into()),
-            "--dev-root" => cli.inputs_dev = Some(value()?.into()),
-            "--python-facts" => cli.python = Some(value()?),
-            "--timeout" => {
-                let v = value()?;
+    let mut line = Flags::new(args);
+    while let Some((raw, inline)) = line.next_flag()? {
+        let name = raw.replace('_', "-");
+        let n = name.as_str();
+        let l = &mut line;
+        match n {
+            "json" | "no-color" | "no-colour" | "selftest" => {
+                switch(n, inline.as_deref())?;
+                match n {
+                    "json" => cli.json = true,
+                    "selftest" => cli.selftest = true,
+                    _ => cli.no_color = true,
+                }
+            }
+            "peer" => cli.peer = Some(l.value(n, inline)?),
+            "protocol" => cli.protocol = Some(l.value(n, inline)?),
+            "device-name" => cli.device_name = Some(l.value(n, inline)?),
+            "sysfs-root" | "sys-root" => cli.inputs_sysfs = Some(l.value(n, inline)?.into()),
+            "procfs-root" => cli.inputs_procfs = Some(l.value(n, inline)?.into()),
+            "dev-root" => cli.inputs_dev = Some(l.value(n, inline)?.into()),
+            "python-facts" => cli.python = Some(l.value(n, inline)?),
+            "timeout" => {
+                let v = l.value(n, inline)?;
                 let secs: f64 = v
                     .parse()
                     .ok()
                     .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 60.0)
                     .ok_or_else(|| {
-                        format!("--timeout {v:?}: want seconds, more than 0 and at most 60")
+                        UsageError(format!(
+                            "--timeout {v:?}: want seconds, more than 0 and at most 60"
+                        ))
                     })?;
                 cli.timeout = Some(Duration::from_secs_f64(secs));
             }
-            other => return Err(format!("unknown argument {other:?} (try --help)")),
+            _ => {
+                return Err(UsageError(format!(
+                    "unknown argument \"--{raw}\" (try --help)"
+                )))
+            }
         }
     }
     Ok(Some(cli))

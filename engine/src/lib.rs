@@ -16,7 +16,6 @@
 
 #![warn(missing_docs)]
 
-pub mod cli_flags;
 pub mod config;
 pub mod conn_limit;
 pub mod deadline_io;

@@ -10,6 +10,8 @@
 
 use std::time::Duration;
 
+use mooncake_cli::{Gflag, GflagsLine};
+
 use super::state::Policy;
 
 /// What `mooncake_master` was asked to run.
@@ -98,25 +100,15 @@ pub enum FlagError {
 /// Parses the command line (without the program name).
 pub fn parse(args: &[String]) -> Result<Command, FlagError> {
     let mut p = Parser::default();
-    let mut args = args.iter().peekable();
-    while let Some(arg) = args.next() {
-        if arg == "--" {
-            return match args.next() {
-                Some(extra) => Err(FlagError::Positional(extra.clone())),
-                None => p.finish().map(Command::Run),
-            };
-        }
-        let body = arg
-            .strip_prefix("--")
-            .or_else(|| arg.strip_prefix('-'))
-            .filter(|b| !b.is_empty())
-            .ok_or_else(|| FlagError::Positional(arg.clone()))?;
-        let (name, inline) = match body.split_once('=') {
-            Some((n, v)) => (n, Some(v.to_string())),
-            None => (body, None),
-        };
-        if let Some(cmd) = p.one(name, inline, &mut args)? {
-            return Ok(cmd);
+    let mut line = GflagsLine::new(args);
+    while let Some(item) = line.next_item() {
+        match item {
+            Gflag::Positional(extra) => return Err(FlagError::Positional(extra)),
+            Gflag::Flag { name, inline } => {
+                if let Some(cmd) = p.one(&name, inline, &mut line)? {
+                    return Ok(cmd);
+                }
+            }
         }
     }
     p.finish().map(Command::Run)
@@ -402,7 +394,7 @@ impl Parser {
         &mut self,
         name: &str,
         inline: Option<String>,
-        rest: &mut Rest<'_>,
+        rest: &mut GflagsLine,
     ) -> Result<Option<Command>, FlagError> {
         if HELP.contains(&name) || name == "helpmatch" || name == "helpon" {
             return Ok(Some(Command::Help(help_text())));
@@ -500,21 +492,13 @@ impl Parser {
     }
 }
 
-/// The arguments not read yet.
-type Rest<'a> = std::iter::Peekable<std::slice::Iter<'a, String>>;
-
 fn take_value(
     name: &str,
     inline: Option<String>,
-    rest: &mut Rest<'_>,
+    rest: &mut GflagsLine,
 ) -> Result<String, FlagError> {
-    match inline {
-        Some(v) => Ok(v),
-        None => rest
-            .next()
-            .cloned()
-            .ok_or_else(|| FlagError::MissingValue(name.into())),
-    }
+    rest.value(inline)
+        .ok_or_else(|| FlagError::MissingValue(name.into()))
 }
 
 /// `--noflag`: a boolean set to false.

@@ -11,23 +11,21 @@
 //! The Prometheus text exposition is `prometheus-client`'s encoder; [`MetricsServer`]
 //! serves it on `MC_METRICS_PORT`, one connection at a time, with short timeouts.
 
+mod exposition;
+mod server;
+
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::error::TransferError;
+use exposition::Exposition;
+pub use server::MetricsServer;
 
 /// Most peers tracked by name; the rest are summed under [`OTHER_PEERS`].
 pub const PEER_CAP: usize = 1024;
@@ -493,259 +491,6 @@ impl Metrics {
         }
         out
     }
-}
-
-/// One scrape's worth of metrics, encoded by `prometheus-client`.
-#[derive(Debug)]
-struct Exposition {
-    snapshot: MetricsSnapshot,
-    histograms: Vec<(&'static str, Histogram, Histogram)>,
-}
-
-type Labels<'a> = Vec<(&'static str, &'a str)>;
-
-fn counter_family<'a>(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    rows: impl Iterator<Item = (Labels<'a>, u64)>,
-) -> Result<(), std::fmt::Error> {
-    let name = format!("{PREFIX}{name}");
-    let mut family = encoder.encode_descriptor(&name, help, None, MetricType::Counter)?;
-    for (labels, value) in rows {
-        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
-    }
-    Ok(())
-}
-
-impl Collector for Exposition {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let ts = &self.snapshot.transports;
-        type Pick = fn(&CounterSnapshot) -> u64;
-        let per_request: [(&str, &str, Pick); 3] = [
-            ("bytes_read", "Bytes of completed reads", |c| c.bytes_read),
-            ("bytes_written", "Bytes of completed writes", |c| {
-                c.bytes_written
-            }),
-            ("requests", "Requests finished (completed or failed)", |c| {
-                c.requests
-            }),
-        ];
-        for (name, help, pick) in per_request {
-            counter_family(
-                &mut encoder,
-                name,
-                &format!("{help}, per transport"),
-                ts.iter()
-                    .map(|t| (vec![("transport", t.protocol)], pick(&t.counters))),
-            )?;
-            counter_family(
-                &mut encoder,
-                &format!("peer_{name}"),
-                &format!("{help}, per peer segment"),
-                self.snapshot
-                    .peers
-                    .iter()
-                    .map(|(p, c)| (vec![("peer", p.as_str())], pick(c))),
-            )?;
-        }
-        counter_family(
-            &mut encoder,
-            "failures",
-            "Failed requests by kind, per transport",
-            ts.iter().flat_map(|t| {
-                t.counters
-                    .failures_by_kind()
-                    .map(|(k, n)| (vec![("transport", t.protocol), ("kind", k)], n))
-            }),
-        )?;
-        counter_family(
-            &mut encoder,
-            "peer_failures",
-            "Failed requests by kind, per peer segment",
-            self.snapshot.peers.iter().flat_map(|(p, c)| {
-                c.failures_by_kind()
-                    .map(|(k, n)| (vec![("peer", p.as_str()), ("kind", k)], n))
-            }),
-        )?;
-        type PickConn = fn(&TransportCounters) -> u64;
-        let per_conn: [(&str, &str, PickConn); 5] = [
-            (
-                "connects",
-                "Connections opened to peers (RDMA: endpoints set up; IPC: peer GPU handles opened)",
-                |c| c.connects,
-            ),
-            (
-                "reconnects",
-                "Connections opened again after one broke (RDMA: endpoint rebuilt after its queue pairs failed; IPC: none)",
-                |c| c.reconnects,
-            ),
-            (
-                "retries",
-                "Slices sent again after their connection broke (RDMA: over another HCA pair; IPC: none)",
-                |c| c.retries,
-            ),
-            (
-                "served_bytes_read",
-                "Bytes peers read from our registered memory through our threads (TCP only: one-sided RDMA and GPU IPC bypass them, so those count 0)",
-                |c| c.served_bytes_read,
-            ),
-            (
-                "served_bytes_written",
-                "Bytes peers wrote into our registered memory through our threads (TCP only: one-sided RDMA and GPU IPC bypass them, so those count 0)",
-                |c| c.served_bytes_written,
-            ),
-        ];
-        for (name, help, pick) in per_conn {
-            counter_family(
-                &mut encoder,
-                name,
-                &format!("{help}, per transport"),
-                ts.iter()
-                    .map(|t| (vec![("transport", t.protocol)], pick(&t.connections))),
-            )?;
-        }
-        for (name, help, which) in [
-            (
-                "request_latency_seconds",
-                "Request completion latency from submit, per transport",
-                0,
-            ),
-            (
-                "batch_latency_seconds",
-                "Batch completion latency from submit, per transport",
-                1,
-            ),
-        ] {
-            let name = format!("{PREFIX}{name}");
-            let mut family = encoder.encode_descriptor(&name, help, None, MetricType::Histogram)?;
-            for (protocol, request, batch) in &self.histograms {
-                let h = if which == 0 { request } else { batch };
-                h.encode(family.encode_family(&vec![("transport", *protocol)])?)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Longest request head read from a scraper.
-const MAX_REQUEST_BYTES: usize = 8192;
-/// How long one scrape may take to send its request or read the reply.
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Serves `GET /metrics` on one thread, one connection at a time (so its cost is
-/// bounded whatever scrapers do: a slow one holds the endpoint for [`SCRAPE_TIMEOUT`]
-/// at most); stopped and joined when dropped.
-pub struct MetricsServer {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for MetricsServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetricsServer")
-            .field("addr", &self.addr)
-            .finish()
-    }
-}
-
-impl MetricsServer {
-    /// Listens on `addr` and answers scrapes with `render()`.
-    pub fn start(
-        addr: SocketAddr,
-        render: Box<dyn Fn() -> String + Send>,
-    ) -> io::Result<MetricsServer> {
-        let listener = TcpListener::bind(addr)?;
-        let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("te-metrics".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if flag.load(Ordering::Acquire) {
-                        break;
-                    }
-                    if let Ok(conn) = conn {
-                        if let Err(e) = answer(conn, &*render) {
-                            tracing::debug!("metrics scrape failed: {e}");
-                        }
-                    }
-                }
-            })?;
-        Ok(MetricsServer {
-            addr,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        // Wake the blocked accept.
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn answer(mut conn: TcpStream, render: &dyn Fn() -> String) -> io::Result<()> {
-    conn.set_read_timeout(Some(SCRAPE_TIMEOUT))?;
-    conn.set_write_timeout(Some(SCRAPE_TIMEOUT))?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() >= MAX_REQUEST_BYTES {
-            return reply(
-                &mut conn,
-                "431 Request Header Fields Too Large",
-                "text/plain",
-                "",
-            );
-        }
-        let n = conn.read(&mut buf)?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let mut parts = line.split(|&b| b == b' ');
-    let (method, path) = (parts.next(), parts.next());
-    match (method, path) {
-        (Some(b"GET"), Some(b"/metrics")) => reply(
-            &mut conn,
-            "200 OK",
-            "text/plain; version=0.0.4; charset=utf-8",
-            &render(),
-        ),
-        (Some(b"GET"), _) => reply(&mut conn, "404 Not Found", "text/plain", "try /metrics\n"),
-        _ => reply(
-            &mut conn,
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET /metrics\n",
-        ),
-    }
-}
-
-fn reply(conn: &mut TcpStream, status: &str, kind: &str, body: &str) -> io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    conn.write_all(head.as_bytes())?;
-    conn.write_all(body.as_bytes())?;
-    conn.flush()
 }
 
 #[cfg(test)]
