@@ -2,10 +2,12 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsFd;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::sys::socket as sys;
 
 /// Binds a listener on a random free port in `[min, max]` (500 attempts, then
 /// a linear scan), as upstream picks its RPC port.
@@ -49,80 +51,36 @@ fn random_seed() -> u64 {
 }
 
 /// Bytes received on socket `fd` and not yet read (`FIONREAD`).
-pub fn bytes_queued(fd: RawFd) -> io::Result<usize> {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one c_int through the valid pointer.
-    let rc = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(usize::try_from(n).unwrap_or(0))
+pub fn bytes_queued(fd: &impl AsFd) -> io::Result<usize> {
+    sys::bytes_queued(fd.as_fd())
 }
 
 /// Whether the peer of socket `fd` closed (or reset) it: at its end, with nothing left to
 /// read. One non-blocking peek, nothing taken; a socket with bytes waiting is not closed.
-pub fn closed_by_peer(fd: RawFd) -> bool {
-    let mut byte = 0u8;
-    // SAFETY: one writable byte; MSG_PEEK leaves it in the socket, MSG_DONTWAIT never blocks.
-    let n = unsafe {
-        libc::recv(
-            fd,
-            (&mut byte as *mut u8).cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    match n {
-        0 => true,
-        n if n > 0 => false,
-        _ => !matches!(
-            io::Error::last_os_error().kind(),
+pub fn closed_by_peer(fd: &impl AsFd) -> bool {
+    let mut byte = [0u8; 1];
+    match sys::recv(fd.as_fd(), &mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
             io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
         ),
     }
 }
 
 /// Makes `fd` readable (for `poll`) only once `bytes` are queued, or at its end.
-pub fn set_read_low_mark(fd: RawFd, bytes: usize) -> io::Result<()> {
+pub fn set_read_low_mark(fd: &impl AsFd, bytes: usize) -> io::Result<()> {
     let v = libc::c_int::try_from(bytes.max(1)).unwrap_or(libc::c_int::MAX);
-    // SAFETY: a c_int option value through a valid pointer and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    sys::set_rcvlowat(fd.as_fd(), v)
 }
 
 /// Waits until `fd` is readable (or hung up) for at most `timeout`.
-pub fn wait_readable(fd: &impl AsRawFd, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+pub fn wait_readable(fd: &impl AsFd, timeout: Duration) -> io::Result<bool> {
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: one valid pollfd, count 1.
-    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-    match rc {
-        -1 => {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                Ok(false)
-            } else {
-                Err(e)
-            }
-        }
-        0 => Ok(false),
-        _ => Ok(true),
+    match sys::poll_readable(fd.as_fd(), ms) {
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+        other => other,
     }
 }
 
@@ -164,14 +122,9 @@ pub fn timestamp_now() -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    let secs = now.as_secs() as libc::time_t;
-    // SAFETY: `tm` is plain data, for which all zeroes is a valid value.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: both pointers are to live locals; localtime_r returns null on failure.
-    let ok = unsafe { !libc::localtime_r(&secs, &mut tm).is_null() };
-    if !ok {
+    let Some(tm) = crate::sys::local_time(now.as_secs() as i64) else {
         return String::new();
-    }
+    };
     format!(
         "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}",
         tm.tm_year + 1900,

@@ -109,36 +109,14 @@ fn the_server_takes_every_connection_of_an_eight_gpu_hosts_engines() {
     assert!(c.tcp_server_max_connections_per_ip < c.tcp_server_max_connections);
 }
 
-fn affinity() -> libc::cpu_set_t {
-    // SAFETY: an all-zero cpu_set_t is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: pid 0 is the calling thread; `set` is writable and `size` bytes long.
-    assert_eq!(unsafe { libc::sched_getaffinity(0, size, &mut set) }, 0);
-    set
-}
-
-fn set_affinity(set: &libc::cpu_set_t) {
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: pid 0 is the calling thread; `set` is readable and `size` bytes long.
-    assert_eq!(unsafe { libc::sched_setaffinity(0, size, set) }, 0);
-}
-
 #[test]
 fn default_lanes_follow_the_cpus_this_thread_may_run_on() {
     // As `numactl --cpunodebind` or `taskset` would bind a process: one CPU allowed.
-    let old = affinity();
-    let first = (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE, inside the set.
-        .find(|&c| unsafe { libc::CPU_ISSET(c, &old) })
-        .expect("this thread may run on some CPU");
-    // SAFETY: an all-zero cpu_set_t is the empty set.
-    let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `first` is below CPU_SETSIZE, inside the set.
-    unsafe { libc::CPU_SET(first, &mut one) };
-    set_affinity(&one);
+    let old = crate::sys::cpu_affinity().unwrap();
+    let first = *old.first().expect("this thread may run on some CPU");
+    crate::sys::set_cpu_affinity(&[first]).unwrap();
     let bound = (available_cpus(), Config::default().tcp_lanes_per_peer);
-    set_affinity(&old);
+    crate::sys::set_cpu_affinity(&old).unwrap();
     assert_eq!(bound, (1, 1));
 }
 

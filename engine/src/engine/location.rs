@@ -38,20 +38,5 @@ pub(super) fn resolve_location(addr: u64, location: &str) -> Result<String, Engi
 
 /// The NUMA node of the page holding `addr` (move_pages in query mode).
 fn numa_node_of(addr: u64) -> Option<u32> {
-    let page = (addr & !4095) as *mut libc::c_void;
-    let mut pages = [page];
-    let mut status = [-1 as libc::c_int];
-    // SAFETY: query mode (nodes = NULL) only reads where the page lives.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_pages,
-            0,
-            1usize,
-            pages.as_mut_ptr(),
-            std::ptr::null::<libc::c_int>(),
-            status.as_mut_ptr(),
-            0,
-        )
-    };
-    (rc == 0 && status[0] >= 0).then_some(status[0] as u32)
+    crate::sys::numa_node_of(addr)
 }

@@ -377,8 +377,9 @@ impl TransferEngine {
         segment: &str,
         requests: &[Request],
     ) -> Result<(), EngineError> {
-        // SAFETY: as this function's contract.
-        let batch = unsafe { self.submit_to_wait(segment, requests) }?;
+        // The caller's contract covers the lending; the internal path is safe code.
+        let id = self.inner.segment_id(segment)?;
+        let batch = self.inner.submit(&id, requests, true)?;
         batch.wait().map_err(|source| EngineError::Transfer {
             segment: segment.to_string(),
             source,

@@ -12,6 +12,7 @@
 // Peer input is parsed here: an index out of range must be an error, never a panic.
 #![deny(clippy::indexing_slicing)]
 
+pub mod host_buffer;
 pub mod span;
 
 use std::collections::BTreeMap;

@@ -333,6 +333,27 @@ impl MemSpan {
     }
 }
 
+/// The span of caller memory lent to a transfer: `[addr, addr+len)` of a slice that a
+/// transport thread has taken ([`Held`](crate::transport::Held)), outside every
+/// registered region.
+///
+/// Crate-private and safe because its only caller holds the proof in its type: a taken
+/// slice, whose submitter lent the range until the batch finishes or is drained
+/// (`TransferEngine::submit`'s contract), and whose batch the taking thread entered, so a
+/// drain waits for it before the memory goes back.
+pub(crate) fn lent(addr: u64, len: usize) -> MemSpan {
+    // SAFETY: see above; the range stays mapped and unfreed while the slice is held.
+    unsafe { MemSpan::new(addr, len) }
+}
+
+/// A span over `buf`, for tests of the code that moves bytes through spans. The test
+/// keeps `buf` alive and unborrowed while the span is used.
+#[cfg(test)]
+pub(crate) fn test_span(buf: &mut [u8]) -> MemSpan {
+    // SAFETY: `buf` is writable for its length; the test outlives every use of the span.
+    unsafe { MemSpan::new(buf.as_mut_ptr() as u64, buf.len()) }
+}
+
 /// A copy larger than the span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{need} bytes do not fit in a span of {have}")]

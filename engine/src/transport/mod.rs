@@ -254,16 +254,7 @@ fn rdma_transport(
 
 /// RLIMIT_MEMLOCK and whether CAP_IPC_LOCK lifts it, for this process.
 pub fn memlock() -> select::Memlock {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid out-pointer for getrlimit.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
-    let limit = match rc {
-        0 if lim.rlim_cur != libc::RLIM_INFINITY => Some(lim.rlim_cur),
-        _ => None,
-    };
+    let limit = crate::sys::memlock_limit();
     // CapEff is a hex mask; CAP_IPC_LOCK is bit 14.
     let cap_ipc_lock = std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -458,10 +449,8 @@ impl Held {
         let (addr, len) = (self.slice.local, self.slice.len);
         match self.pin.as_ref().and_then(|p| p.span(addr, len)) {
             Some(span) => span,
-            // SAFETY: the submitter lent [local, local+len) until the batch finishes or
-            // is drained (`TransferEngine::submit`); this thread entered the batch, so a
-            // drain waits for `finish`/`release` before the memory goes back.
-            None => unsafe { MemSpan::new(addr, len as usize) },
+            // Outside registered memory: the submitter lent it (`memory::span::lent`).
+            None => crate::memory::span::lent(addr, len as usize),
         }
     }
 

@@ -25,7 +25,7 @@
 //! to back, and exactly one descriptor per chunk.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -141,26 +141,7 @@ fn serve(listener: &UnixListener, source: &dyn Source, stop: &AtomicBool) {
 
 /// The uid of the process at the other end.
 fn peer_uid(stream: &UnixStream) -> Result<u32, String> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for the size passed.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(format!("SO_PEERCRED: {}", std::io::Error::last_os_error()));
-    }
-    Ok(cred.uid)
+    crate::sys::socket::peer_uid(stream.as_fd()).map_err(|e| format!("SO_PEERCRED: {e}"))
 }
 
 fn serve_one(stream: &UnixStream, source: &dyn Source) -> Result<(), String> {
@@ -172,8 +153,7 @@ fn serve_one(stream: &UnixStream, source: &dyn Source) -> Result<(), String> {
     BufReader::new(stream.take(MAX_REQUEST))
         .read_line(&mut line)
         .map_err(|e| format!("reading the request: {e}"))?;
-    // SAFETY: no arguments; cannot fail.
-    let me = unsafe { libc::getuid() };
+    let me = crate::sys::getuid();
     let found = peer_uid(stream).and_then(|uid| {
         if uid != me {
             return Err(format!(
@@ -221,98 +201,14 @@ fn serve_one(stream: &UnixStream, source: &dyn Source) -> Result<(), String> {
     Ok(())
 }
 
-/// Room for `n` descriptors in a control message, in `u64`s (aligned for `cmsghdr`).
-fn control_words(n: usize) -> usize {
-    // SAFETY: pure arithmetic macro.
-    let bytes = unsafe { libc::CMSG_SPACE((n * std::mem::size_of::<libc::c_int>()) as u32) };
-    (bytes as usize).div_ceil(8)
-}
-
-/// A message of one data byte (`iov`) and the control buffer `control`; both must
-/// outlive its use.
-fn message(iov: &mut libc::iovec, control: &mut [u64]) -> libc::msghdr {
-    // SAFETY: an all-zero msghdr is valid; the fields set below point at the buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(control) as _;
-    msg
-}
-
 fn send_fds(stream: &UnixStream, fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
-    let mut control = vec![0u64; control_words(fds.len())];
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let msg = message(&mut iov, &mut control);
-    // SAFETY: `msg` has a control buffer with room for one header and `fds.len()` ints
-    // (`control_words`); the header and its data are written inside it.
-    unsafe {
-        let hdr = libc::CMSG_FIRSTHDR(&msg);
-        if hdr.is_null() {
-            return Err(std::io::Error::other("no room for the control message"));
-        }
-        (*hdr).cmsg_level = libc::SOL_SOCKET;
-        (*hdr).cmsg_type = libc::SCM_RIGHTS;
-        (*hdr).cmsg_len =
-            libc::CMSG_LEN((fds.len() * std::mem::size_of::<libc::c_int>()) as u32) as _;
-        let data = libc::CMSG_DATA(hdr).cast::<libc::c_int>();
-        for (i, fd) in fds.iter().enumerate() {
-            data.add(i).write_unaligned(fd.as_raw_fd());
-        }
-    }
-    // SAFETY: `msg` is fully initialised and its buffers outlive the call.
-    let rc = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    match rc {
-        1 => Ok(()),
-        r if r < 0 => Err(std::io::Error::last_os_error()),
-        _ => Err(std::io::Error::other("short send")),
-    }
+    crate::sys::socket::send_fds(stream.as_fd(), fds)
 }
 
 /// Receives one message, appending its descriptors (at most `max`) to `out`; returns
 /// the data bytes read (0: the exporter closed).
 fn recv_fds(stream: &UnixStream, max: usize, out: &mut Vec<OwnedFd>) -> std::io::Result<usize> {
-    let mut control = vec![0u64; control_words(max)];
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut msg = message(&mut iov, &mut control);
-    // SAFETY: `msg` points at live buffers of the sizes given.
-    let rc = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // Every descriptor received is owned first (and so closed on any error below).
-    // SAFETY: the kernel filled `msg`'s control buffer; the macros walk it within
-    // `msg_controllen`, and each SCM_RIGHTS payload holds `c_int`s it installed for us.
-    unsafe {
-        let mut hdr = libc::CMSG_FIRSTHDR(&msg);
-        while !hdr.is_null() {
-            if (*hdr).cmsg_level == libc::SOL_SOCKET && (*hdr).cmsg_type == libc::SCM_RIGHTS {
-                let payload = ((*hdr).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
-                let data = libc::CMSG_DATA(hdr).cast::<libc::c_int>();
-                for i in 0..payload / std::mem::size_of::<libc::c_int>() {
-                    let fd = data.add(i).read_unaligned();
-                    if fd >= 0 {
-                        out.push(OwnedFd::from_raw_fd(fd));
-                    }
-                }
-            }
-            hdr = libc::CMSG_NXTHDR(&msg, hdr);
-        }
-    }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(std::io::Error::other(
-            "more descriptors than announced (control message truncated)",
-        ));
-    }
-    Ok(rc as usize)
+    crate::sys::socket::recv_fds(stream.as_fd(), max, out)
 }
 
 /// Whether `text` is an `ipc_fd_socket` as we advertise it.
@@ -428,13 +324,9 @@ mod tests {
         }
 
         fn export(&self, _device: u32, base: u64) -> Result<OwnedFd, String> {
-            // SAFETY: a valid C string; the new descriptor is owned at once.
-            let fd = unsafe { libc::memfd_create(c"chunk".as_ptr(), libc::MFD_CLOEXEC) };
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error().to_string());
-            }
-            // SAFETY: just created, owned by nothing else.
-            let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            let fd =
+                crate::sys::memfd_create(c"chunk", libc::MFD_CLOEXEC).map_err(|e| e.to_string())?;
+            let mut f = std::fs::File::from(fd);
             f.write_all(&base.to_le_bytes())
                 .map_err(|e| e.to_string())?;
             Ok(f.into())

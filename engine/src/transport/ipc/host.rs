@@ -59,12 +59,7 @@ impl HostIdentity {
         let Ok(pid) = libc::pid_t::try_from(pid) else {
             return false;
         };
-        if pid <= 0 {
-            return false;
-        }
-        // SAFETY: signal 0 only checks that the process exists; nothing is delivered.
-        let rc = unsafe { libc::kill(pid, 0) };
-        rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        crate::sys::no_such_process(pid)
     }
 }
 

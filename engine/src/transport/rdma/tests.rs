@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use super::backend::{Nic, WcStatus};
 use super::fake::FakeFabric;
 use super::*;
-use crate::host_buffer::HostBuffer;
+use crate::memory::host_buffer::HostBuffer;
 use crate::memory::MemoryRegistry;
 use crate::task::BatchState;
 use crate::transport::Transport;

@@ -9,7 +9,7 @@
 
 use std::io::{self, Read};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
 use super::cut_reader::CutStream;
 use crate::memory::{MemSpan, SocketCut};
@@ -98,17 +98,8 @@ impl ReadAhead {
         let Some(room) = self.buf.get_mut(self.end..self.end + want) else {
             return;
         };
-        // SAFETY: `room` is a writable buffer of `want` bytes, borrowed mutably.
-        let n = unsafe {
-            libc::recv(
-                stream.as_raw_fd(),
-                room.as_mut_ptr().cast(),
-                room.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n > 0 {
-            self.end += n as usize;
+        if let Ok(n) = crate::sys::socket::recv(stream.as_fd(), room, libc::MSG_DONTWAIT) {
+            self.end += n;
         }
     }
 
@@ -306,8 +297,7 @@ mod tests {
         assert_eq!(&ahead.take::<8>(&mut own, 0).unwrap().unwrap(), b"HEADER-1");
         assert!(ahead.buffered() > 0, "the payload's start came along");
         let mut dst = vec![0u8; payload.len() + 16];
-        // SAFETY: `dst` outlives the span.
-        let span = unsafe { MemSpan::new(dst.as_mut_ptr() as u64, payload.len()) };
+        let span = crate::memory::span::test_span(&mut dst[..payload.len()]);
         ahead.recv_span(&a, &cut, span, None).unwrap();
         assert!(dst[..payload.len()] == payload[..]);
         assert!(dst[payload.len()..].iter().all(|&x| x == 0));
@@ -366,7 +356,7 @@ mod tests {
         assert_eq!(ahead.buffered(), 24);
         assert!(ahead.peek::<24>().is_some());
         assert_eq!(
-            crate::net::bytes_queued(a.as_raw_fd()).unwrap(),
+            crate::net::bytes_queued(&a).unwrap(),
             4096,
             "the payload behind the message stays in the socket"
         );

@@ -5,7 +5,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -520,7 +519,7 @@ fn wait_for_request(
 
 /// True when the peer's next request is here, whole or in part.
 fn request_waiting(stream: &TcpStream, ahead: &ReadAhead) -> bool {
-    ahead.buffered() > 0 || net::bytes_queued(stream.as_raw_fd()).is_ok_and(|n| n > 0)
+    ahead.buffered() > 0 || net::bytes_queued(stream).is_ok_and(|n| n > 0)
 }
 
 /// Waits until the writes of `landing` have landed, then sends the statuses held for

@@ -4,7 +4,6 @@
 //! while they come in time.
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -281,7 +280,7 @@ impl Conn {
     /// or the connection failed: then reading it cannot block, so the caller's thread
     /// never waits past its batch's deadline. False if it did not come in time.
     fn reply_here(&self, whole: usize, shared: &LinkShared) -> bool {
-        let fd = self.stream.as_raw_fd();
+        let fd = &self.stream;
         let buffered = self.replies.ahead.lock().buffered();
         let complete = || -> io::Result<bool> {
             let queued = crate::net::bytes_queued(fd)?;
@@ -365,7 +364,7 @@ impl Conn {
     /// shape, and a spin of `MC_TCP_SPIN_US` (one `FIONREAD` after another) only burned
     /// that much CPU per batch.
     fn replies_here_by(&self, whole: usize, until: Instant) -> bool {
-        let fd = self.stream.as_raw_fd();
+        let fd = &self.stream;
         let need = whole.saturating_sub(self.replies.ahead.lock().buffered());
         // An error shows again when the replies are read.
         if need == 0 || crate::net::bytes_queued(fd).map_or(true, |n| n >= need) {

@@ -3,7 +3,6 @@
 
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -131,7 +130,7 @@ impl Conn {
     /// The peer closed (or reset) this connection: it is readable with nothing to read.
     /// Only meaningful while no reply is owed.
     fn closed_by_peer(&self) -> bool {
-        crate::net::closed_by_peer(self.stream.as_raw_fd())
+        crate::net::closed_by_peer(&self.stream)
     }
 
     pub(super) fn break_off(&self) {
