@@ -103,6 +103,7 @@ fn remove_leftovers() {
         let pid = rest.split('-').next().unwrap_or("");
         if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             let _ = run("ip", &["netns", "del", &name]);
+            let _ = std::fs::remove_dir_all(format!("/etc/netns/{name}"));
         }
     }
 }
@@ -236,6 +237,45 @@ impl Net {
         Ok(())
     }
 
+    /// Gives host `i` its own `/etc/hosts` (`ip netns exec` mounts `/etc/netns/<ns>/hosts`
+    /// over it): `entries` of (address, name), so that one name resolves to different
+    /// addresses on different hosts, as on a multi-homed host's subnets. Removed on drop.
+    pub fn hosts_file(&self, i: usize, entries: &[(Ipv4Addr, &str)]) -> Result<(), String> {
+        let dir = format!("/etc/netns/{}", self.hosts[i].ns);
+        let mut text = String::from("127.0.0.1 localhost\n");
+        for (addr, name) in entries {
+            text.push_str(&format!("{addr} {name}\n"));
+        }
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(format!("{dir}/hosts"), text))
+            .map_err(|e| format!("cannot write {dir}/hosts: {e}"))
+    }
+
+    /// Makes `addr` on `subnet` a silent host as seen from host `i`: a permanent neighbour
+    /// entry with a MAC no interface has, so what `i` sends there leaves and is lost (no
+    /// ARP failure tells it so), as to a host that went silent.
+    pub fn silent_neighbour(&self, i: usize, subnet: u8, addr: Ipv4Addr) -> Result<(), String> {
+        let h = &self.hosts[i];
+        let dev = format!("eth{subnet}");
+        let a = addr.to_string();
+        run(
+            "ip",
+            &[
+                "-n",
+                &h.ns,
+                "neigh",
+                "replace",
+                &a,
+                "lladdr",
+                "02:00:00:00:00:fe",
+                "dev",
+                &dev,
+                "nud",
+                "permanent",
+            ],
+        )
+    }
+
     /// Removes what [`shape`](Self::shape) set.
     pub fn unshape(&self, i: usize) -> Result<(), String> {
         let h = &self.hosts[i];
@@ -256,6 +296,7 @@ impl Drop for Net {
         // Deleting a namespace deletes the interfaces in it, and with each veth its peer.
         for h in &self.hosts {
             let _ = run("ip", &["netns", "del", &h.ns]);
+            let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", h.ns));
         }
         let _ = run("ip", &["netns", "del", &self.bridge_ns]);
     }
