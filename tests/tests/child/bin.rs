@@ -27,6 +27,7 @@ const ROLES: &[play::Role] = &[
         rdma_interop::our_initiator_on_upstream_target,
     ),
     ("netns-peer", netns_peer::netns_peer),
+    ("netns-http-metadata", netns_peer::netns_http_metadata),
 ];
 
 fn main() {

@@ -1,6 +1,7 @@
 //! `netns-peer`: one engine on one host of `e2e::netns` (started inside its namespace by
 //! `netns_*.rs`), both a target and an initiator. It registers `NETNS_SIZE` bytes, the
-//! first `NETNS_FILL` (default: all) holding `pattern(NETNS_SEED)`, prints `{"session", "buffer", "size"}`, then runs each stdin line
+//! first `NETNS_FILL` (default: all) holding `pattern(NETNS_SEED)`, with the metadata
+//! store `NETNS_METADATA` (default `P2PHANDSHAKE`), prints `{"session", "buffer", "size"}`, then runs each stdin line
 //! `TAG COMMAND ARGS...` on a thread of its own and prints one JSON line tagged `TAG` when
 //! it is done:
 //!
@@ -36,7 +37,8 @@ pub fn netns_peer() {
     let buf = Buf::new(size as usize);
     let fill = std::env::var("NETNS_FILL").map_or(size, |_| env_u64("NETNS_FILL"));
     fill_pattern_at(&buf, 0, fill.min(size), env_u64("NETNS_SEED"), 0);
-    let e = TransferEngine::new(&host, "P2PHANDSHAKE", Config::from_env().unwrap())
+    let metadata = std::env::var("NETNS_METADATA").unwrap_or_else(|_| "P2PHANDSHAKE".into());
+    let e = TransferEngine::new(&host, &metadata, Config::from_env().unwrap())
         .unwrap_or_else(|err| panic!("engine on {host}: {err}"));
     e.register_memory(buf.addr(), size, "cpu:0").unwrap();
     let out = Arc::new(Mutex::new(std::io::stdout()));
@@ -124,4 +126,24 @@ fn transfer(e: &TransferEngine, buf: &Buf, w: &[String]) -> Value {
         first_mismatch(&bytes, num(w, 6), remote_off).is_none()
     };
     json!({"ok": true, "ms": ms, "verified": verified})
+}
+
+/// `netns-http-metadata`: our HTTP metadata server on `NETNS_LISTEN` (`address:port`);
+/// prints `{"url"}` and serves until its stdin closes.
+pub fn netns_http_metadata() {
+    use transfer_engine::metadata::http_server::{HttpMetadataServer, ServerOptions};
+    e2e::init_logging();
+    let addr = std::env::var("NETNS_LISTEN").expect("NETNS_LISTEN");
+    let server = HttpMetadataServer::start(addr.parse().unwrap(), ServerOptions::default())
+        .unwrap_or_else(|e| panic!("metadata server on {addr}: {e}"));
+    say(
+        &Mutex::new(std::io::stdout()),
+        &json!({"url": server.url()}),
+    );
+    for line in std::io::stdin().lock().lines() {
+        if line.is_err() {
+            break;
+        }
+    }
+    drop(server);
 }
