@@ -28,6 +28,7 @@ const ROLES: &[play::Role] = &[
     ),
     ("netns-peer", netns_peer::netns_peer),
     ("netns-http-metadata", netns_peer::netns_http_metadata),
+    ("netns-gpu-peer", netns_peer::netns_gpu_peer),
 ];
 
 fn main() {

@@ -147,3 +147,68 @@ pub fn netns_http_metadata() {
     }
     drop(server);
 }
+
+/// `netns-gpu-peer`: an engine whose `NETNS_SIZE` bytes are device memory of the (FAKE)
+/// GPU runtime named by `MC_CUDART_PATH`, holding `pattern(NETNS_SEED)`. Prints
+/// `{"session", "buffer"}`, then answers stdin lines: `write SESSION REMOTE_BUF` (its whole
+/// buffer to the peer's) and `check SEED` (its buffer holds `pattern(SEED)`); each reply
+/// carries `ipc_opened`, the IPC handles its engine has opened so far (from the IPC
+/// transport's decision line; -1 when it runs none).
+pub fn netns_gpu_peer() {
+    use std::io::Write;
+    e2e::init_logging();
+    let host = std::env::var("NETNS_HOST").expect("NETNS_HOST");
+    let size = env_u64("NETNS_SIZE") as usize;
+    let mut data = vec![0u8; size];
+    e2e::fill_pattern(&mut data, env_u64("NETNS_SEED"), 0);
+    let rt = transfer_engine::device::runtime().unwrap();
+    rt.set_device(0).unwrap();
+    let dev = rt.malloc(size).unwrap();
+    // SAFETY: `dev` is a live device allocation of `size` bytes, `data` a host one.
+    unsafe { rt.copy(dev as *mut u8, data.as_ptr(), size) }.unwrap();
+    let e = TransferEngine::new(&host, "P2PHANDSHAKE", Config::from_env().unwrap())
+        .unwrap_or_else(|err| panic!("engine on {host}: {err}"));
+    e.register_memory(dev, size as u64, "cuda:0").unwrap();
+    let out = Mutex::new(std::io::stdout());
+    say(&out, &json!({"session": e.session_id(), "buffer": dev}));
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let w: Vec<String> = line.split_whitespace().map(String::from).collect();
+        let mut reply = match w.get(1).map(String::as_str) {
+            Some("write") => {
+                let req = Request::new(OpCode::Write, dev, num(&w, 3), size as u64);
+                // SAFETY: the device buffer lives until the role ends, beyond the call.
+                match unsafe { e.transfer_sync(&w[2], &[req]) } {
+                    Ok(()) => json!({"ok": true}),
+                    Err(err) => json!({"ok": false, "error": err.to_string()}),
+                }
+            }
+            Some("check") => {
+                let mut back = vec![0u8; size];
+                // SAFETY: as above, both of `size` bytes.
+                unsafe { rt.copy(back.as_mut_ptr(), dev as *const u8, size) }.unwrap();
+                json!({"ok": first_mismatch(&back, num(&w, 2), 0).is_none()})
+            }
+            _ => json!({"ok": false, "error": format!("no command in {line:?}")}),
+        };
+        reply["tag"] = json!(w.first());
+        reply["ipc_opened"] = json!(ipc_opened(&e));
+        say(&out, &reply);
+    }
+    let _ = out.lock().map(|mut o| o.flush());
+}
+
+/// The handles the IPC transport opened (its decision line's `N peer handle(s) opened`); -1
+/// without an IPC transport, -2 when the line says no count.
+fn ipc_opened(e: &TransferEngine) -> i64 {
+    let Some((_, line)) = e
+        .transport_decisions()
+        .into_iter()
+        .find(|(p, _)| *p == "nvlink_intra")
+    else {
+        return -1;
+    };
+    line.find(" peer handle(s) opened")
+        .and_then(|i| line[..i].rsplit(' ').next()?.parse().ok())
+        .unwrap_or(-2)
+}
