@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod netns;
+
 /// The longest any test waits on a child process (start-up, one command, one run).
 pub const CHILD_DEADLINE: Duration = Duration::from_secs(60);
 
@@ -142,6 +144,20 @@ pub fn fill_pattern_at(buf: &Buf, at: u64, len: u64, seed: u64, offset: u64) {
 )]
 fn piped<T>(handle: Option<T>) -> T {
     handle.expect("a piped handle of a freshly spawned child")
+}
+
+/// The lines `r` delivers, read by a background thread until its end.
+pub fn line_channel(r: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    lines
 }
 
 /// A child process that is killed (and reaped) when dropped.
@@ -367,15 +383,7 @@ impl UpstreamTarget {
         let stdin = child.0.stdin.take();
         let stdout = piped(child.0.stdout.take());
         let (stderr, _) = Collected::spawn(piped(child.0.stderr.take()));
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let lines = line_channel(stdout);
         let mut t = Self {
             child,
             stdin,

@@ -11,6 +11,7 @@
     reason = "test support: a panic is the parent test's failure"
 )]
 
+mod netns_peer;
 #[path = "../../../engine/tests/child/play.rs"]
 mod play;
 mod rdma_interop;
@@ -25,6 +26,9 @@ const ROLES: &[play::Role] = &[
         "our-initiator",
         rdma_interop::our_initiator_on_upstream_target,
     ),
+    ("netns-peer", netns_peer::netns_peer),
+    ("netns-http-metadata", netns_peer::netns_http_metadata),
+    ("netns-gpu-peer", netns_peer::netns_gpu_peer),
 ];
 
 fn main() {
