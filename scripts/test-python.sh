@@ -22,6 +22,11 @@ log() { printf 'test-python: %s\n' "$*" >&2; }
 log "clippy (bindings, python feature)"
 (cd "$REPO" && cargo clippy -p mooncake-bindings --features python --all-targets --locked --no-deps -- -D warnings)
 
+# The test venv (locked, hash-checked), also when $WHEEL comes from elsewhere.
+# shellcheck source=scripts/lib/locked-venv.sh
+source "$REPO/scripts/lib/locked-venv.sh"
+locked_venv "$VENV" "$REPO/tests/python/requirements.txt" "the test tools (pytest, numpy, maturin)"
+
 t0=$(date +%s)
 WHEEL="${WHEEL:-$("$REPO/scripts/build-wheel.sh" | tail -n1)}"
 t1=$(date +%s)

@@ -22,11 +22,21 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "Rust tests"
+# Release builds (the reproducibility test's two clones, the images test's clone) share one
+# target directory: each after the first compiles only the workspace's crates.
+export XTASK_CARGO_TARGET_DIR="$REPO/target/release-build"
+export XTASK_REPRO_KEEP_DIST="$REPO/target/repro-dist"
+rm -rf "$XTASK_REPRO_KEEP_DIST"
 cargo test --workspace --locked
 
 step "Python wheel"
-# Built once; the interop step below installs the same wheel.
-WHEEL="$(scripts/build-wheel.sh | tail -n1)"
+# The wheel the reproducibility test released (stripped, as users get it), built once; the
+# interop and image steps below install the same wheel.
+shopt -s nullglob
+released=("$XTASK_REPRO_KEEP_DIST"/*.whl)
+shopt -u nullglob
+[ "${#released[@]}" -eq 1 ] || { echo "test.sh: expected one released wheel in $XTASK_REPRO_KEEP_DIST, got ${#released[@]}" >&2; exit 1; }
+WHEEL="${released[0]}"
 export WHEEL
 scripts/test-python.sh
 

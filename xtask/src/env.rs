@@ -8,6 +8,11 @@ pub const XTASK_HOST_ROOT: &str = "XTASK_HOST_ROOT";
 pub const XTASK_BASELINE_PYTHON: &str = "XTASK_BASELINE_PYTHON";
 /// Interpreter that creates the locked build-tools venv (default `python3`).
 pub const XTASK_PYTHON: &str = "XTASK_PYTHON";
+/// Cargo target directory for release builds, shared by checkouts (default: the checkout's
+/// `target/xtask/cargo-target`); its path is remapped to `/target` in the artifacts.
+pub const XTASK_CARGO_TARGET_DIR: &str = "XTASK_CARGO_TARGET_DIR";
+/// Set by the release build for its rustc wrapper: the checkout whose prefix becomes `/src`.
+pub const XTASK_REMAP_CHECKOUT: &str = "XTASK_REMAP_CHECKOUT";
 /// `true` on GitHub Actions: the baseline check is strict.
 pub const GITHUB_ACTIONS: &str = "GITHUB_ACTIONS";
 pub const GITHUB_TOKEN: &str = "GITHUB_TOKEN";

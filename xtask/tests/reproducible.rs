@@ -9,6 +9,10 @@
 //! publishes to the GitHub Releases stand-in and devpi-server, then publishes again (a re-run
 //! that finds everything identical), and writes the publication record and the ledger.
 //!
+//! Both clones build in one cargo target directory (`$XTASK_CARGO_TARGET_DIR`, else one in
+//! the test's temp dir), so the second compiles only the workspace's crates; the test asserts
+//! it. `$XTASK_REPRO_KEEP_DIST`: where to copy the first clone's release directory.
+//!
 //! Source: `$XTASK_REPRO_SOURCE` (a git repository, default this workspace) at HEAD; tag
 //! `$XTASK_REPRO_TAG` (default `v<workspace version>`), made in the clones if missing.
 
@@ -41,6 +45,21 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
         .collect();
     out.sort();
     out
+}
+
+/// With `$XTASK_REPRO_KEEP_DIST`, the first clone's release directory is copied there: the
+/// test suite's later steps install the released wheel instead of building another.
+fn keep_dist(dist: &Path) {
+    let Ok(keep) = std::env::var("XTASK_REPRO_KEEP_DIST") else {
+        return;
+    };
+    let keep = PathBuf::from(keep);
+    let _ = std::fs::remove_dir_all(&keep);
+    std::fs::create_dir_all(&keep).unwrap();
+    for entry in std::fs::read_dir(dist).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, keep.join(path.file_name().unwrap())).unwrap();
+    }
 }
 
 #[test]
@@ -76,16 +95,24 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
         }
     }
     let commit = git(&a, &["rev-parse", "HEAD"]);
+    // One target directory for both clones, as CI shares one with the images test: the
+    // second clone compiles only the workspace's crates, and must still match byte for byte.
+    let target = std::env::var("XTASK_CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("cargo-target"));
+    let target = ("XTASK_CARGO_TARGET_DIR", target.to_str().unwrap());
 
-    let first = xtask_in(&a, &["release", &tag, "--dry-run"], &[]);
+    let first = xtask_in(&a, &["release", &tag, "--dry-run"], &[target]);
     eprintln!("{}", first.stderr);
     first.assert_ok();
+    keep_dist(&a.join("target/dist").join(&tag));
 
     let gh = GitHubStandin::start();
     gh.tag(&tag, TagTarget::Commit(commit.clone()));
     let devpi = start_devpi();
     let index = devpi.index("release");
     let env = [
+        target,
         ("GITHUB_API_URL", gh.url.as_str()),
         ("GITHUB_TOKEN", "standin-token"),
         ("PYPI_REPOSITORY_URL", index.upload_url.as_str()),
@@ -98,6 +125,12 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
     eprintln!("{}", second.stderr);
     second.assert_ok();
     assert!(second.stderr.contains("images: skipped: --skip-images"));
+    // The dependencies' artifacts were the first clone's: no checkout path in their flags.
+    assert!(
+        !second.stderr.contains("Compiling tokio ")
+            && second.stderr.contains("Compiling transfer-engine "),
+        "the second clone rebuilt its dependencies, or built nothing"
+    );
     assert!(!second.stderr.contains(&devpi.password) && !second.stderr.contains("standin-token"));
 
     let (fa, fb) = (

@@ -2,7 +2,7 @@
 //!
 //! Same tag, same host baseline, same bytes: `SOURCE_DATE_EPOCH` is the tag's commit time (zip
 //! and tar mtimes), maturin's SBOM is off (it holds a random serial number and a timestamp), path
-//! prefixes are remapped (`/src`, `/cargo`, `/rustup`) so no checkout or home directory reaches
+//! prefixes are remapped (`/src`, `/cargo`, `/rustup`, `/target`) so no checkout or home directory reaches
 //! the `.so`, the toolchain is `rust-toolchain.toml`'s, Cargo.lock is `--locked`, and maturin
 //! comes from a hash-locked venv (`xtask/requirements-build.txt`).
 //!
@@ -61,17 +61,62 @@ pub struct BuildSettings {
     pub sbom: String,
 }
 
+/// The cargo target directory of release builds: [`env::XTASK_CARGO_TARGET_DIR`] when set
+/// (one directory several checkouts share, so each builds only its own crates), else the
+/// checkout's scratch space.
+fn target_dir(ws: &Workspace) -> PathBuf {
+    env::var(env::XTASK_CARGO_TARGET_DIR)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| ws.scratch_dir().join("cargo-target"))
+}
+
 /// The path prefixes the build remaps, so that no path of this host is in the artifacts.
-/// rustc applies the last matching prefix: the workspace (which holds the target dir) last.
-fn path_remaps(ws: &Workspace) -> Vec<(String, &'static str)> {
+///
+/// rustc applies the last matching prefix. The checkout's own prefix is not among these
+/// flags: it reaches only the workspace's crates (see [`checkout_remap_wrapper`]), so that
+/// the dependencies' flags, and with them their compiled artifacts, are the same from every
+/// checkout.
+fn path_remaps(target: &Path) -> Vec<(String, &'static str)> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
     let cargo_home = std::env::var("CARGO_HOME").unwrap_or_else(|_| format!("{home}/.cargo"));
     let rustup_home = std::env::var("RUSTUP_HOME").unwrap_or_else(|_| format!("{home}/.rustup"));
     vec![
         (cargo_home, "/cargo"),
         (rustup_home, "/rustup"),
-        (ws.root.display().to_string(), "/src"),
+        (target.display().to_string(), "/target"),
     ]
+}
+
+/// What the checkout's prefix becomes in the artifacts.
+const CHECKOUT_REMAPPED_TO: &str = "/src";
+
+/// A `RUSTC_WORKSPACE_WRAPPER` that adds `--remap-path-prefix=<checkout>=/src` to the
+/// workspace crates' rustc calls only: cargo hashes `RUSTFLAGS` into every crate's
+/// fingerprint, so a checkout path there would rebuild every dependency per checkout.
+/// Given last, it wins over the target dir's prefix, which the default target dir is under.
+///
+/// Cargo hashes the wrapper's path into the workspace crates' metadata (and so into their
+/// `OUT_DIR`, which reaches the `.so`): the script lives at one path whatever the checkout,
+/// the same bytes from every checkout, and reads the checkout from
+/// [`env::XTASK_REMAP_CHECKOUT`].
+fn checkout_remap_wrapper() -> anyhow::Result<PathBuf> {
+    let script = format!(
+        "#!/bin/sh\n# Written by `cargo xtask release` (xtask/src/release/build.rs).\n\
+         exec \"$@\" \"--remap-path-prefix=${}={CHECKOUT_REMAPPED_TO}\"\n",
+        env::XTASK_REMAP_CHECKOUT
+    );
+    let path = std::env::temp_dir().join("xtask-remap-rustc");
+    if fs::read_to_string(&path).ok().as_deref() == Some(script.as_str()) {
+        return Ok(path);
+    }
+    // Written aside and renamed: another release may be running the script now.
+    let aside = path.with_extension(std::process::id().to_string());
+    fs::write(&aside, script).with_context(|| format!("cannot write {}", aside.display()))?;
+    let mut perms = fs::metadata(&aside)?.permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    fs::set_permissions(&aside, perms)?;
+    fs::rename(&aside, &path)?;
+    Ok(path)
 }
 
 /// The versions of the tools that made the release, for the manifest.
@@ -116,7 +161,9 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
     }
     fs::create_dir_all(&stage)?;
 
-    let remaps = path_remaps(ws);
+    let target = target_dir(ws);
+    let wrapper = checkout_remap_wrapper()?;
+    let remaps = path_remaps(&target);
     let mut rustflags: Vec<String> = remaps
         .iter()
         .map(|(from, to)| format!("--remap-path-prefix={from}={to}"))
@@ -128,7 +175,9 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
     let _env = [
         sh.push_env("SOURCE_DATE_EPOCH", source.commit_time.to_string()),
         sh.push_env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\x1f")),
-        sh.push_env("CARGO_TARGET_DIR", ws.scratch_dir().join("cargo-target")),
+        sh.push_env("CARGO_TARGET_DIR", &target),
+        sh.push_env("RUSTC_WORKSPACE_WRAPPER", &wrapper),
+        sh.push_env(env::XTASK_REMAP_CHECKOUT, &ws.root),
         sh.push_env("CARGO_INCREMENTAL", "0"),
     ];
     let _dir = sh.push_dir(&project);
@@ -189,7 +238,11 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
             source_date_epoch: source.commit_time,
             compatibility,
             target_arch,
-            path_prefixes_remapped_to: remaps.iter().map(|(_, to)| to.to_string()).collect(),
+            path_prefixes_remapped_to: remaps
+                .iter()
+                .map(|(_, to)| to.to_string())
+                .chain([CHECKOUT_REMAPPED_TO.to_owned()])
+                .collect(),
             cargo_locked: true,
             cargo_profile: WHEEL_PROFILE.to_owned(),
             maturin_sbom: false,
