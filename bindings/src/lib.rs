@@ -12,6 +12,7 @@
 //! is plain Rust, so `cargo test --workspace` never links libpython.
 
 pub mod batch_table;
+pub mod bulk_requests;
 pub mod cli;
 pub mod errors;
 pub mod host_memory;
@@ -23,6 +24,8 @@ pub mod upstream_contract;
 
 #[cfg(feature = "python")]
 mod gil;
+#[cfg(feature = "python")]
+mod py_calls;
 #[cfg(feature = "python")]
 pub mod py_engine;
 #[cfg(feature = "python")]
@@ -76,6 +79,8 @@ mod native {
     use pyo3::prelude::*;
 
     #[pymodule_export]
+    use super::py_calls::{PyScatterStatus, PyScatterTicket};
+    #[pymodule_export]
     use super::py_engine::PyTransferEngine;
     #[pymodule_export]
     use super::py_store::{PyBufferHandle, PyReplicaDescriptor, PyReplicateConfig, PyStore};
@@ -102,6 +107,9 @@ mod native {
             ("SUPPORT_HIP", false),
             ("SUPPORT_MNNVL", false),
             ("SUPPORT_INTRA_NVLINK", false),
+            // TCP, RDMA and GPU IPC serve side by side in one engine (upstream: a build
+            // with ENABLE_MULTI_PROTOCOL).
+            ("SUPPORT_MULTI_PROTOCOL", true),
         ] {
             m.add(name, on)?;
         }

@@ -9,8 +9,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyType};
 use transfer_engine::{OpCode, Request};
 
+use crate::bulk_requests::{page_requests, FIELD_COLUMNS};
 use crate::errors::{self, BindingError};
 use crate::gil::detached;
+use crate::py_calls::{
+    int_array, order_after_stream, raise_unless_ok, PyScatterTicket, ScatterLists,
+};
 use crate::py_types::{opcode_arg, PyInnerTransferEngine, PyTransferNotify, PyTransferOpcode};
 use crate::upstream_contract::{batch_requests, ContractEngine};
 
@@ -18,7 +22,7 @@ use crate::upstream_contract::{batch_requests, ContractEngine};
 /// (0 / -1, batch id 0), and `TransferEngine.last_error()` says why.
 #[pyclass(frozen, name = "TransferEngine", module = "mooncake.engine")]
 pub struct PyTransferEngine {
-    inner: ContractEngine,
+    pub(crate) inner: ContractEngine,
 }
 
 /// The one request of a single-transfer call.
@@ -72,8 +76,59 @@ impl PyTransferEngine {
         };
         Ok(errors::value_or(call, result, 0))
     }
+
+    /// `requests` in consecutive sync batches of at most `max` (0: one batch); 0 / -1.
+    fn sync_chunked(
+        &self,
+        py: Python<'_>,
+        call: &str,
+        target: &str,
+        requests: Result<Vec<Request>, BindingError>,
+        max: usize,
+    ) -> PyResult<i32> {
+        let reqs = match requests {
+            Ok(r) if max > 0 && r.len() > max => r,
+            other => return self.sync(py, call, target, other, None),
+        };
+        for chunk in reqs.chunks(max) {
+            let code = self.sync(py, call, target, Ok(chunk.to_vec()), None)?;
+            if code != 0 {
+                return Ok(code);
+            }
+        }
+        Ok(0)
+    }
+
+    /// A scatter call: its requests as one batch, drained first if `wait`; the ticket.
+    /// Bad ranges raise `ValueError`, a refused submission `RuntimeError` (with the reason).
+    fn scatter(
+        slf: &Bound<'_, Self>,
+        call: &str,
+        endpoint: &str,
+        op: OpCode,
+        lists: &ScatterLists<'_>,
+        wait: bool,
+    ) -> PyResult<PyScatterTicket> {
+        let py = slf.py();
+        let reqs = lists
+            .requests(op)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("{call}: {e}")))?;
+        let id = slf.get().submit(py, call, endpoint, Ok(reqs))?;
+        if id == 0 {
+            return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                errors::last_error().unwrap_or_else(|| format!("{call}: submission failed")),
+            ));
+        }
+        let ticket = PyScatterTicket::pending(slf.clone().unbind(), id);
+        if wait {
+            ticket.drain_fully(py)?;
+        }
+        Ok(ticket)
+    }
 }
 
+// Upstream's signatures: many positional arguments, each also a keyword.
+#[allow(clippy::too_many_arguments)]
 #[pymethods]
 impl PyTransferEngine {
     #[new]
@@ -171,7 +226,7 @@ impl PyTransferEngine {
         Ok(errors::status("free_managed_buffer", r))
     }
 
-    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '', nic_hint = '')")]
     fn transfer_sync_write(
         &self,
         py: Python<'_>,
@@ -180,13 +235,14 @@ impl PyTransferEngine {
         peer_buffer_address: u64,
         length: u64,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = single(OpCode::Write, buffer, peer_buffer_address, length);
         self.sync(py, "transfer_sync_write", &target_hostname, reqs, None)
     }
 
-    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '', nic_hint = '')")]
     fn transfer_sync_read(
         &self,
         py: Python<'_>,
@@ -195,13 +251,14 @@ impl PyTransferEngine {
         peer_buffer_address: u64,
         length: u64,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = single(OpCode::Read, buffer, peer_buffer_address, length);
         self.sync(py, "transfer_sync_read", &target_hostname, reqs, None)
     }
 
-    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = '', nic_hint = '')")]
     #[allow(clippy::too_many_arguments)]
     fn transfer_sync(
         &self,
@@ -213,13 +270,14 @@ impl PyTransferEngine {
         opcode: &Bound<'_, PyAny>,
         notify: Option<PyTransferNotify>,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = single(opcode_arg(opcode)?, buffer, peer_buffer_address, length);
         self.sync(py, "transfer_sync", &target_hostname, reqs, notify)
     }
 
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
     fn batch_transfer_sync_write(
         &self,
         py: Python<'_>,
@@ -228,8 +286,9 @@ impl PyTransferEngine {
         peer_buffer_addresses: Vec<u64>,
         lengths: Vec<u64>,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = batch_requests(OpCode::Write, &buffers, &peer_buffer_addresses, &lengths);
         self.sync(
             py,
@@ -240,7 +299,7 @@ impl PyTransferEngine {
         )
     }
 
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
     fn batch_transfer_sync_read(
         &self,
         py: Python<'_>,
@@ -249,13 +308,14 @@ impl PyTransferEngine {
         peer_buffer_addresses: Vec<u64>,
         lengths: Vec<u64>,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = batch_requests(OpCode::Read, &buffers, &peer_buffer_addresses, &lengths);
         self.sync(py, "batch_transfer_sync_read", &target_hostname, reqs, None)
     }
 
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = '', nic_hint = '')")]
     #[allow(clippy::too_many_arguments)]
     fn batch_transfer_sync(
         &self,
@@ -267,8 +327,9 @@ impl PyTransferEngine {
         opcode: &Bound<'_, PyAny>,
         notify: Option<PyTransferNotify>,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = batch_requests(
             opcode_arg(opcode)?,
             &buffers,
@@ -278,7 +339,7 @@ impl PyTransferEngine {
         self.sync(py, "batch_transfer_sync", &target_hostname, reqs, notify)
     }
 
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
     fn batch_transfer_async_write(
         &self,
         py: Python<'_>,
@@ -287,13 +348,14 @@ impl PyTransferEngine {
         peer_buffer_addresses: Vec<u64>,
         lengths: Vec<u64>,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = batch_requests(OpCode::Write, &buffers, &peer_buffer_addresses, &lengths);
         self.submit(py, "batch_transfer_async_write", &target_hostname, reqs)
     }
 
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
     fn batch_transfer_async_read(
         &self,
         py: Python<'_>,
@@ -302,13 +364,14 @@ impl PyTransferEngine {
         peer_buffer_addresses: Vec<u64>,
         lengths: Vec<u64>,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = batch_requests(OpCode::Read, &buffers, &peer_buffer_addresses, &lengths);
         self.submit(py, "batch_transfer_async_read", &target_hostname, reqs)
     }
 
-    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = '', nic_hint = '')")]
     #[allow(clippy::too_many_arguments)]
     fn batch_transfer_async(
         &self,
@@ -319,8 +382,9 @@ impl PyTransferEngine {
         lengths: Vec<u64>,
         opcode: &Bound<'_, PyAny>,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = batch_requests(
             opcode_arg(opcode)?,
             &buffers,
@@ -338,7 +402,7 @@ impl PyTransferEngine {
         Ok(errors::status("get_batch_transfer_status", r))
     }
 
-    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '')")]
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '', nic_hint = '')")]
     fn transfer_submit_write(
         &self,
         py: Python<'_>,
@@ -347,8 +411,9 @@ impl PyTransferEngine {
         peer_buffer_address: u64,
         length: u64,
         transport_hint: String,
+        nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = transport_hint;
+        let _ = (transport_hint, nic_hint);
         let reqs = single(OpCode::Write, buffer, peer_buffer_address, length);
         self.submit(py, "transfer_submit_write", &target_hostname, reqs)
     }
@@ -512,6 +577,400 @@ impl PyTransferEngine {
         self.inner
             .engine()
             .map_or(0, |e| std::sync::Arc::as_ptr(&e) as usize)
+    }
+
+    /// `batch_transfer_sync_write_arrays`: the batch call with 8-byte integer arrays (buffer protocol) for lists.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
+    fn batch_transfer_sync_write_arrays(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<i32> {
+        let _ = (transport_hint, nic_hint);
+        let (l, r, n) = (
+            int_array(buffers, "buffers", None)?,
+            int_array(peer_buffer_addresses, "peer_buffer_addresses", None)?,
+            int_array(lengths, "lengths", None)?,
+        );
+        let reqs = batch_requests(OpCode::Write, &l, &r, &n);
+        self.sync(
+            py,
+            "batch_transfer_sync_write_arrays",
+            &target_hostname,
+            reqs,
+            None,
+        )
+    }
+
+    /// `batch_transfer_async_write_arrays`: the batch call with 8-byte integer arrays (buffer protocol) for lists.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
+    fn batch_transfer_async_write_arrays(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<u64> {
+        let _ = (transport_hint, nic_hint);
+        let (l, r, n) = (
+            int_array(buffers, "buffers", None)?,
+            int_array(peer_buffer_addresses, "peer_buffer_addresses", None)?,
+            int_array(lengths, "lengths", None)?,
+        );
+        let reqs = batch_requests(OpCode::Write, &l, &r, &n);
+        self.submit(
+            py,
+            "batch_transfer_async_write_arrays",
+            &target_hostname,
+            reqs,
+        )
+    }
+
+    /// `batch_transfer_sync_read_arrays`: the batch call with 8-byte integer arrays (buffer protocol) for lists.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
+    fn batch_transfer_sync_read_arrays(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<i32> {
+        let _ = (transport_hint, nic_hint);
+        let (l, r, n) = (
+            int_array(buffers, "buffers", None)?,
+            int_array(peer_buffer_addresses, "peer_buffer_addresses", None)?,
+            int_array(lengths, "lengths", None)?,
+        );
+        let reqs = batch_requests(OpCode::Read, &l, &r, &n);
+        self.sync(
+            py,
+            "batch_transfer_sync_read_arrays",
+            &target_hostname,
+            reqs,
+            None,
+        )
+    }
+
+    /// `batch_transfer_async_read_arrays`: the batch call with 8-byte integer arrays (buffer protocol) for lists.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
+    fn batch_transfer_async_read_arrays(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<u64> {
+        let _ = (transport_hint, nic_hint);
+        let (l, r, n) = (
+            int_array(buffers, "buffers", None)?,
+            int_array(peer_buffer_addresses, "peer_buffer_addresses", None)?,
+            int_array(lengths, "lengths", None)?,
+        );
+        let reqs = batch_requests(OpCode::Read, &l, &r, &n);
+        self.submit(
+            py,
+            "batch_transfer_async_read_arrays",
+            &target_hostname,
+            reqs,
+        )
+    }
+
+    /// `batch_transfer_sync_write_pages`: pages times fields (see `bulk_requests::page_requests`), sent in
+    /// batches of at most `max_batch_size` requests (0: one batch); 0 / -1.
+    #[pyo3(signature = (target_hostname, src_pages, dst_pages, fields, max_batch_size = 0, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, src_pages, dst_pages, fields, max_batch_size = 0, transport_hint = '', nic_hint = '')")]
+    fn batch_transfer_sync_write_pages(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        src_pages: &Bound<'_, PyAny>,
+        dst_pages: &Bound<'_, PyAny>,
+        fields: &Bound<'_, PyAny>,
+        max_batch_size: usize,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<i32> {
+        let _ = (transport_hint, nic_hint);
+        let reqs = page_requests(
+            OpCode::Write,
+            &int_array(src_pages, "src_pages", None)?,
+            &int_array(dst_pages, "dst_pages", None)?,
+            &int_array(fields, "fields", Some(FIELD_COLUMNS))?,
+        );
+        self.sync_chunked(
+            py,
+            "batch_transfer_sync_write_pages",
+            &target_hostname,
+            reqs,
+            max_batch_size,
+        )
+    }
+
+    /// `batch_transfer_sync_read_pages`: pages times fields (see `bulk_requests::page_requests`), sent in
+    /// batches of at most `max_batch_size` requests (0: one batch); 0 / -1.
+    #[pyo3(signature = (target_hostname, src_pages, dst_pages, fields, max_batch_size = 0, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, src_pages, dst_pages, fields, max_batch_size = 0, transport_hint = '', nic_hint = '')")]
+    fn batch_transfer_sync_read_pages(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        src_pages: &Bound<'_, PyAny>,
+        dst_pages: &Bound<'_, PyAny>,
+        fields: &Bound<'_, PyAny>,
+        max_batch_size: usize,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<i32> {
+        let _ = (transport_hint, nic_hint);
+        let reqs = page_requests(
+            OpCode::Read,
+            &int_array(src_pages, "src_pages", None)?,
+            &int_array(dst_pages, "dst_pages", None)?,
+            &int_array(fields, "fields", Some(FIELD_COLUMNS))?,
+        );
+        self.sync_chunked(
+            py,
+            "batch_transfer_sync_read_pages",
+            &target_hostname,
+            reqs,
+            max_batch_size,
+        )
+    }
+
+    /// `submit_scatter_write`: every range of every region pair, submitted; the ticket.
+    #[pyo3(signature = (endpoint, local_base_addresses, local_capacities, remote_base_addresses, remote_capacities, local_offsets, remote_offsets, lengths))]
+    fn submit_scatter_write(
+        slf: &Bound<'_, Self>,
+        endpoint: String,
+        local_base_addresses: Vec<u64>,
+        local_capacities: Vec<u64>,
+        remote_base_addresses: Vec<u64>,
+        remote_capacities: Vec<u64>,
+        local_offsets: Vec<Vec<u64>>,
+        remote_offsets: Vec<Vec<u64>>,
+        lengths: Vec<Vec<u64>>,
+    ) -> PyResult<PyScatterTicket> {
+        let regions = ScatterLists {
+            local_bases: &local_base_addresses,
+            local_capacities: &local_capacities,
+            remote_bases: &remote_base_addresses,
+            remote_capacities: &remote_capacities,
+            local_offsets: &local_offsets,
+            remote_offsets: &remote_offsets,
+            lengths: &lengths,
+        };
+        Self::scatter(
+            slf,
+            "submit_scatter_write",
+            &endpoint,
+            OpCode::Write,
+            &regions,
+            false,
+        )
+    }
+
+    /// `scatter_transfer_sync_write_with_ticket`: every range of every region pair, waited for; the ticket.
+    #[pyo3(signature = (endpoint, local_base_addresses, local_capacities, remote_base_addresses, remote_capacities, local_offsets, remote_offsets, lengths))]
+    fn scatter_transfer_sync_write_with_ticket(
+        slf: &Bound<'_, Self>,
+        endpoint: String,
+        local_base_addresses: Vec<u64>,
+        local_capacities: Vec<u64>,
+        remote_base_addresses: Vec<u64>,
+        remote_capacities: Vec<u64>,
+        local_offsets: Vec<Vec<u64>>,
+        remote_offsets: Vec<Vec<u64>>,
+        lengths: Vec<Vec<u64>>,
+    ) -> PyResult<PyScatterTicket> {
+        let regions = ScatterLists {
+            local_bases: &local_base_addresses,
+            local_capacities: &local_capacities,
+            remote_bases: &remote_base_addresses,
+            remote_capacities: &remote_capacities,
+            local_offsets: &local_offsets,
+            remote_offsets: &remote_offsets,
+            lengths: &lengths,
+        };
+        Self::scatter(
+            slf,
+            "scatter_transfer_sync_write_with_ticket",
+            &endpoint,
+            OpCode::Write,
+            &regions,
+            true,
+        )
+    }
+
+    /// `submit_scatter_read`: every range of every region pair, submitted; the ticket.
+    #[pyo3(signature = (endpoint, local_base_addresses, local_capacities, remote_base_addresses, remote_capacities, local_offsets, remote_offsets, lengths))]
+    fn submit_scatter_read(
+        slf: &Bound<'_, Self>,
+        endpoint: String,
+        local_base_addresses: Vec<u64>,
+        local_capacities: Vec<u64>,
+        remote_base_addresses: Vec<u64>,
+        remote_capacities: Vec<u64>,
+        local_offsets: Vec<Vec<u64>>,
+        remote_offsets: Vec<Vec<u64>>,
+        lengths: Vec<Vec<u64>>,
+    ) -> PyResult<PyScatterTicket> {
+        let regions = ScatterLists {
+            local_bases: &local_base_addresses,
+            local_capacities: &local_capacities,
+            remote_bases: &remote_base_addresses,
+            remote_capacities: &remote_capacities,
+            local_offsets: &local_offsets,
+            remote_offsets: &remote_offsets,
+            lengths: &lengths,
+        };
+        Self::scatter(
+            slf,
+            "submit_scatter_read",
+            &endpoint,
+            OpCode::Read,
+            &regions,
+            false,
+        )
+    }
+
+    /// `scatter_transfer_sync_read_with_ticket`: every range of every region pair, waited for; the ticket.
+    #[pyo3(signature = (endpoint, local_base_addresses, local_capacities, remote_base_addresses, remote_capacities, local_offsets, remote_offsets, lengths))]
+    fn scatter_transfer_sync_read_with_ticket(
+        slf: &Bound<'_, Self>,
+        endpoint: String,
+        local_base_addresses: Vec<u64>,
+        local_capacities: Vec<u64>,
+        remote_base_addresses: Vec<u64>,
+        remote_capacities: Vec<u64>,
+        local_offsets: Vec<Vec<u64>>,
+        remote_offsets: Vec<Vec<u64>>,
+        lengths: Vec<Vec<u64>>,
+    ) -> PyResult<PyScatterTicket> {
+        let regions = ScatterLists {
+            local_bases: &local_base_addresses,
+            local_capacities: &local_capacities,
+            remote_bases: &remote_base_addresses,
+            remote_capacities: &remote_capacities,
+            local_offsets: &local_offsets,
+            remote_offsets: &remote_offsets,
+            lengths: &lengths,
+        };
+        Self::scatter(
+            slf,
+            "scatter_transfer_sync_read_with_ticket",
+            &endpoint,
+            OpCode::Read,
+            &regions,
+            true,
+        )
+    }
+
+    /// `transfer_write_on_cuda`: after the work queued on `stream_ptr` (see
+    /// `py_calls::order_after_stream`); None, or `RuntimeError` with the reason.
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, stream_ptr = 0, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, stream_ptr = 0, transport_hint = '', nic_hint = '')")]
+    fn transfer_write_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        stream_ptr: u64,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<()> {
+        let _ = (transport_hint, nic_hint);
+        let reqs = single(OpCode::Write, buffer, peer_buffer_address, length);
+        order_after_stream(py, "transfer_write_on_cuda", stream_ptr)?;
+        let code = self.sync(py, "transfer_write_on_cuda", &target_hostname, reqs, None)?;
+        raise_unless_ok("transfer_write_on_cuda", code)
+    }
+
+    /// `batch_transfer_write_on_cuda`: after the work queued on `stream_ptr` (see
+    /// `py_calls::order_after_stream`); None, or `RuntimeError` with the reason.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr = 0, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr = 0, transport_hint = '', nic_hint = '')")]
+    fn batch_transfer_write_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        stream_ptr: u64,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<()> {
+        let _ = (transport_hint, nic_hint);
+        let reqs = batch_requests(OpCode::Write, &buffers, &peer_buffer_addresses, &lengths);
+        order_after_stream(py, "batch_transfer_write_on_cuda", stream_ptr)?;
+        let code = self.sync(
+            py,
+            "batch_transfer_write_on_cuda",
+            &target_hostname,
+            reqs,
+            None,
+        )?;
+        raise_unless_ok("batch_transfer_write_on_cuda", code)
+    }
+
+    /// `transfer_read_on_cuda`: after the work queued on `stream_ptr` (see
+    /// `py_calls::order_after_stream`); None, or `RuntimeError` with the reason.
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, stream_ptr = 0, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, stream_ptr = 0, transport_hint = '', nic_hint = '')")]
+    fn transfer_read_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        stream_ptr: u64,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<()> {
+        let _ = (transport_hint, nic_hint);
+        let reqs = single(OpCode::Read, buffer, peer_buffer_address, length);
+        order_after_stream(py, "transfer_read_on_cuda", stream_ptr)?;
+        let code = self.sync(py, "transfer_read_on_cuda", &target_hostname, reqs, None)?;
+        raise_unless_ok("transfer_read_on_cuda", code)
+    }
+
+    /// `batch_transfer_read_on_cuda`: after the work queued on `stream_ptr` (see
+    /// `py_calls::order_after_stream`); None, or `RuntimeError` with the reason.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr = 0, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr = 0, transport_hint = '', nic_hint = '')")]
+    fn batch_transfer_read_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: String,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        stream_ptr: u64,
+        transport_hint: String,
+        nic_hint: String,
+    ) -> PyResult<()> {
+        let _ = (transport_hint, nic_hint);
+        let reqs = batch_requests(OpCode::Read, &buffers, &peer_buffer_addresses, &lengths);
+        order_after_stream(py, "batch_transfer_read_on_cuda", stream_ptr)?;
+        let code = self.sync(
+            py,
+            "batch_transfer_read_on_cuda",
+            &target_hostname,
+            reqs,
+            None,
+        )?;
+        raise_unless_ok("batch_transfer_read_on_cuda", code)
     }
 
     fn __repr__(&self) -> String {

@@ -9,6 +9,10 @@ Arguments of the wrong type raise ``TypeError``. Every call that can block relea
 
 from typing import Any, ClassVar, Dict, Final, List, Optional, Sequence, Union, final
 
+# An object with the buffer protocol: a C-contiguous array of 8-byte integers
+# (numpy int64/uint64, array('q'), ...).
+_IntArray = Any
+
 __version__: Final[str]
 
 SUPPORT_CUDA: Final[bool]
@@ -17,6 +21,7 @@ SUPPORT_EFA: Final[bool]
 SUPPORT_HIP: Final[bool]
 SUPPORT_MNNVL: Final[bool]
 SUPPORT_INTRA_NVLINK: Final[bool]
+SUPPORT_MULTI_PROTOCOL: Final[bool]
 
 @final
 class TransferOpcode:
@@ -38,6 +43,36 @@ Read: Final[TransferOpcode]
 Write: Final[TransferOpcode]
 
 _Opcode = Union[TransferOpcode, int]
+
+@final
+class ScatterTransferCompletionStatus:
+    """How a scatter operation ended: ``COMPLETED`` = 0, ``FAILED_DRAINED`` = 1 (failed,
+    nothing in flight), ``COMPLETION_UNKNOWN`` = 2 (not drained yet)."""
+
+    COMPLETED: ClassVar["ScatterTransferCompletionStatus"]
+    FAILED_DRAINED: ClassVar["ScatterTransferCompletionStatus"]
+    COMPLETION_UNKNOWN: ClassVar["ScatterTransferCompletionStatus"]
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+    def __int__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class ScatterTransferTicket:
+    """Keeps a scatter operation's batch until it is drained."""
+
+    @property
+    def status(self) -> ScatterTransferCompletionStatus: ...
+    @property
+    def drained(self) -> bool: ...
+    def drain(self, timeout_ms: int, /) -> ScatterTransferCompletionStatus:
+        """Wait up to ``timeout_ms`` for the end; the status (``COMPLETION_UNKNOWN`` if it
+        did not end in time). A failure's reason is ``TransferEngine.last_error()``."""
 
 @final
 class TransferNotify:
@@ -97,10 +132,10 @@ class TransferEngine:
 
     def free_managed_buffer(self, buffer_addr: int, length: int) -> int: ...
     def transfer_sync_write(
-        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = "", nic_hint: str = ""
     ) -> int: ...
     def transfer_sync_read(
-        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = "", nic_hint: str = ""
     ) -> int: ...
     def transfer_sync(
         self,
@@ -111,6 +146,7 @@ class TransferEngine:
         opcode: _Opcode,
         notify: Optional[TransferNotify] = None,
         transport_hint: str = "",
+        nic_hint: str = "",
     ) -> int: ...
     def batch_transfer_sync_write(
         self,
@@ -119,6 +155,7 @@ class TransferEngine:
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         transport_hint: str = "",
+        nic_hint: str = "",
     ) -> int: ...
     def batch_transfer_sync_read(
         self,
@@ -127,6 +164,7 @@ class TransferEngine:
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         transport_hint: str = "",
+        nic_hint: str = "",
     ) -> int: ...
     def batch_transfer_sync(
         self,
@@ -137,6 +175,7 @@ class TransferEngine:
         opcode: _Opcode,
         notify: Optional[TransferNotify] = None,
         transport_hint: str = "",
+        nic_hint: str = "",
     ) -> int: ...
     def batch_transfer_async_write(
         self,
@@ -145,6 +184,7 @@ class TransferEngine:
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         transport_hint: str = "",
+        nic_hint: str = "",
     ) -> int:
         """Submit; the batch id, or 0."""
 
@@ -155,6 +195,7 @@ class TransferEngine:
         peer_buffer_addresses: Sequence[int],
         lengths: Sequence[int],
         transport_hint: str = "",
+        nic_hint: str = "",
     ) -> int: ...
     def batch_transfer_async(
         self,
@@ -164,12 +205,96 @@ class TransferEngine:
         lengths: Sequence[int],
         opcode: _Opcode,
         transport_hint: str = "",
+        nic_hint: str = "",
     ) -> int: ...
+    # The *_arrays and *_pages calls take C-contiguous arrays of 8-byte integers through
+    # the buffer protocol (read with one copy of their bytes, no Python object per entry);
+    # a wrong dtype or shape raises TypeError / ValueError. 0 / -1, batch id or 0.
+    def batch_transfer_sync_write_arrays(
+        self, target_hostname: str, buffers: _IntArray, peer_buffer_addresses: _IntArray, lengths: _IntArray,
+        transport_hint: str = "", nic_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_sync_read_arrays(
+        self, target_hostname: str, buffers: _IntArray, peer_buffer_addresses: _IntArray, lengths: _IntArray,
+        transport_hint: str = "", nic_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_async_write_arrays(
+        self, target_hostname: str, buffers: _IntArray, peer_buffer_addresses: _IntArray, lengths: _IntArray,
+        transport_hint: str = "", nic_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_async_read_arrays(
+        self, target_hostname: str, buffers: _IntArray, peer_buffer_addresses: _IntArray, lengths: _IntArray,
+        transport_hint: str = "", nic_hint: str = "",
+    ) -> int: ...
+    def batch_transfer_sync_write_pages(
+        self, target_hostname: str, src_pages: _IntArray, dst_pages: _IntArray, fields: _IntArray,
+        max_batch_size: int = 0, transport_hint: str = "", nic_hint: str = "",
+    ) -> int:
+        """``fields`` is an ``[F, 5]`` table of ``(src_base, src_stride, dst_base, dst_stride,
+        length)``; request ``(f, i)`` moves ``length`` bytes from ``src_base + src_pages[i] *
+        src_stride`` to ``dst_base + dst_pages[i] * dst_stride`` (src local, dst remote), in
+        batches of at most ``max_batch_size`` (0: one). 0 / -1."""
+
+    def batch_transfer_sync_read_pages(
+        self, target_hostname: str, src_pages: _IntArray, dst_pages: _IntArray, fields: _IntArray,
+        max_batch_size: int = 0, transport_hint: str = "", nic_hint: str = "",
+    ) -> int:
+        """As the write form, data from src (remote) to dst (local)."""
+
+    # Scatter: per region pair i, ranges j of lengths[i][j] bytes between local_base[i] +
+    # local_offsets[i][j] and remote_base[i] + remote_offsets[i][j], each within both
+    # capacities (else ValueError). submit_* returns at once; *_with_ticket returns drained.
+    # A refused submission raises RuntimeError with the reason.
+    def submit_scatter_write(
+        self, endpoint: str, local_base_addresses: Sequence[int], local_capacities: Sequence[int],
+        remote_base_addresses: Sequence[int], remote_capacities: Sequence[int],
+        local_offsets: Sequence[Sequence[int]], remote_offsets: Sequence[Sequence[int]],
+        lengths: Sequence[Sequence[int]],
+    ) -> ScatterTransferTicket: ...
+    def submit_scatter_read(
+        self, endpoint: str, local_base_addresses: Sequence[int], local_capacities: Sequence[int],
+        remote_base_addresses: Sequence[int], remote_capacities: Sequence[int],
+        local_offsets: Sequence[Sequence[int]], remote_offsets: Sequence[Sequence[int]],
+        lengths: Sequence[Sequence[int]],
+    ) -> ScatterTransferTicket: ...
+    def scatter_transfer_sync_write_with_ticket(
+        self, endpoint: str, local_base_addresses: Sequence[int], local_capacities: Sequence[int],
+        remote_base_addresses: Sequence[int], remote_capacities: Sequence[int],
+        local_offsets: Sequence[Sequence[int]], remote_offsets: Sequence[Sequence[int]],
+        lengths: Sequence[Sequence[int]],
+    ) -> ScatterTransferTicket: ...
+    def scatter_transfer_sync_read_with_ticket(
+        self, endpoint: str, local_base_addresses: Sequence[int], local_capacities: Sequence[int],
+        remote_base_addresses: Sequence[int], remote_capacities: Sequence[int],
+        local_offsets: Sequence[Sequence[int]], remote_offsets: Sequence[Sequence[int]],
+        lengths: Sequence[Sequence[int]],
+    ) -> ScatterTransferTicket: ...
+    # *_on_cuda: the transfer runs after the work queued on stream_ptr (a cudaStream_t as
+    # an integer; 0 the default stream) and before the call returns, so later work on
+    # the stream follows it. The calling thread waits (GIL released); upstream instead
+    # queues a host function and returns at once. Failures raise RuntimeError (no CUDA
+    # runtime, a stream error, the transfer's reason).
+    def transfer_write_on_cuda(
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+        stream_ptr: int = 0, transport_hint: str = "", nic_hint: str = "",
+    ) -> None: ...
+    def transfer_read_on_cuda(
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
+        stream_ptr: int = 0, transport_hint: str = "", nic_hint: str = "",
+    ) -> None: ...
+    def batch_transfer_write_on_cuda(
+        self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int], stream_ptr: int = 0, transport_hint: str = "", nic_hint: str = "",
+    ) -> None: ...
+    def batch_transfer_read_on_cuda(
+        self, target_hostname: str, buffers: Sequence[int], peer_buffer_addresses: Sequence[int],
+        lengths: Sequence[int], stream_ptr: int = 0, transport_hint: str = "", nic_hint: str = "",
+    ) -> None: ...
     def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
         """Wait for every batch (each until its deadline) and free them: 0 / -1."""
 
     def transfer_submit_write(
-        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = ""
+        self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int, transport_hint: str = "", nic_hint: str = ""
     ) -> int: ...
     def transfer_check_status(self, batch_id: int) -> int:
         """1 completed (freed), 0 in progress, -1 failed (freed) or unknown id, -2 timed out."""
@@ -219,18 +344,64 @@ class TransferEngine:
     def get_engine(self) -> Optional[InnerTransferEngine]: ...
     def get_engine_ptr(self) -> int: ...
 
+class SharedSegment:
+    """Not served by this engine: ``supported()`` is False, ``create`` raises
+    ``RuntimeError`` saying so."""
+
+    def __init__(self) -> None: ...
+    @staticmethod
+    def supported(mmap: bool = True, host_register: bool = False) -> bool: ...
+    @staticmethod
+    def create(
+        name: str,
+        size: int,
+        world_size: int,
+        rank_id: int,
+        owner_rank: int = 0,
+        device_id: int = 0,
+        mmap: bool = True,
+        host_register: bool = False,
+    ) -> Any: ...
+
+class ReceivedData:
+    def __init__(self) -> None: ...
+
+class ReceivedTensor:
+    def __init__(self) -> None: ...
+
+class RpcInterface:
+    """Not served by this engine (upstream's coro_rpc messaging): constructing one raises
+    ``RuntimeError`` saying so."""
+
+    def __init__(self) -> None: ...
+
+CoroRPCInterface = RpcInterface
+
+def create_rpc_client(local_rank: int = 0, world_size: int = 1) -> RpcInterface: ...
+def create_rpc_server(local_rank: int = 0, world_size: int = 1) -> RpcInterface: ...
+
 __all__ = [
     "SUPPORT_CUDA",
     "SUPPORT_EFA",
     "SUPPORT_HIP",
     "SUPPORT_INTRA_NVLINK",
     "SUPPORT_MNNVL",
+    "SUPPORT_MULTI_PROTOCOL",
     "SUPPORT_MUSA",
+    "CoroRPCInterface",
     "InnerTransferEngine",
     "Read",
+    "ReceivedData",
+    "ReceivedTensor",
+    "RpcInterface",
+    "ScatterTransferCompletionStatus",
+    "ScatterTransferTicket",
+    "SharedSegment",
     "TransferEngine",
     "TransferNotify",
     "TransferOpcode",
     "Write",
     "__version__",
+    "create_rpc_client",
+    "create_rpc_server",
 ]

@@ -249,6 +249,19 @@ impl Runtime {
         // SAFETY: the caller passes a pointer from `malloc`.
         self.check("Free", unsafe { (self.api.free)(ptr as *mut c_void) })
     }
+
+    /// Waits until all work queued on a caller's stream (`cudaStream_t` as an integer;
+    /// 0 is the legacy default stream) has finished: the `*_on_cuda` calls order their
+    /// transfer after it this way.
+    ///
+    /// # Safety
+    /// `stream` must be 0 or a live stream of this runtime: the runtime dereferences it.
+    pub unsafe fn synchronize_stream(&self, stream: u64) -> Result<(), DeviceError> {
+        // SAFETY: forwarded from the caller.
+        self.check("StreamSynchronize", unsafe {
+            (self.api.stream_synchronize)(stream as Stream)
+        })
+    }
 }
 
 // Stream and pinned-buffer primitives for the staging path.
