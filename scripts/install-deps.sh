@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing need on a fresh Debian 12 machine:
-# Debian packages (compiler, Python venv, iperf3, binutils for readelf; protoc and the
-# protobuf well-known types, which the etcd client's build script compiles its protos
-# with; etcd-server, which the etcd store tests start on loopback; python3-aiohttp, which
+# Debian packages (compiler, Python venv, iperf3, binutils for readelf; etcd-server, which the etcd store tests start on loopback; python3-aiohttp, which
 # runs upstream's Python HTTP metadata server in the interop tests; libibverbs-dev, the
 # rdma-core headers the soft NIC in engine/tests/soft_nic/ is compiled against) and,
 # when cargo is missing, the Rust toolchain pinned in rust-toolchain.toml.
@@ -12,7 +10,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf 'install-deps: %s\n' "$*" >&2; }
 
 PKGS=(build-essential pkg-config curl ca-certificates git python3 python3-venv python3-pip binutils iperf3
-      protobuf-compiler libprotobuf-dev etcd-server python3-aiohttp libibverbs-dev)
+      etcd-server python3-aiohttp libibverbs-dev)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

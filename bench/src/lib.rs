@@ -75,8 +75,10 @@ pub fn main_with_args(args: impl IntoIterator<Item = String>) -> i32 {
 }
 
 fn run(flags: Flags) -> Result<(), BenchError> {
+    transfer_engine::logging::init(transfer_engine::config::LogLevel::from_env_or(
+        transfer_engine::config::LogLevel::Info,
+    ));
     let config = Config::from_env()?;
-    transfer_engine::logging::init(config.log_level);
     check_protocol(&flags.protocol)?;
     let shape = flags
         .workload

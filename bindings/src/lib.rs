@@ -91,9 +91,10 @@ mod native {
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        let level = transfer_engine::Config::from_env()
-            .map(|c| c.log_level)
-            .unwrap_or(transfer_engine::config::LogLevel::Info);
+        // The log first: a full configuration read here would spend its once-per-process
+        // warnings (the legacy HCA variable's) before anything could print them.
+        let level =
+            transfer_engine::config::LogLevel::from_env_or(transfer_engine::config::LogLevel::Info);
         transfer_engine::logging::init(level);
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("Read", super::py_types::PyTransferOpcode::Read)?;

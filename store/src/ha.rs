@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
+use mooncake_etcd::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetResponse, LeaseKeepAliveStream,
     LeaseKeeper, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
@@ -134,10 +134,10 @@ struct Etcd {
 }
 
 /// Whether retrying can help: the server was not reached, or answered "not now".
-fn transient(e: &etcd_client::Error) -> bool {
-    use etcd_client::Error as E;
+fn transient(e: &mooncake_etcd::Error) -> bool {
+    use mooncake_etcd::Error as E;
     match e {
-        E::TransportError(_) | E::IoError(_) | E::WatchError(_) | E::Internal(_) => true,
+        E::TransportError(_) | E::WatchError(_) => true,
         E::GRpcStatus(s) => matches!(
             s.code(),
             tonic::Code::Unavailable
@@ -154,8 +154,8 @@ fn transient(e: &etcd_client::Error) -> bool {
 /// The cause of a client error in a line: tonic's own rendering of a failed connection
 /// spells out the whole source chain in Debug form; the message and the innermost cause
 /// ("Connection refused (os error 111)") are what an operator needs.
-fn describe(e: &etcd_client::Error) -> String {
-    let etcd_client::Error::GRpcStatus(status) = e else {
+fn describe(e: &mooncake_etcd::Error) -> String {
+    let mooncake_etcd::Error::GRpcStatus(status) = e else {
         return e.to_string();
     };
     let mut innermost = None;
@@ -205,7 +205,7 @@ impl Etcd {
         make: impl Fn(Client) -> F,
     ) -> Result<T, HaError>
     where
-        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+        F: std::future::Future<Output = Result<T, mooncake_etcd::Error>>,
     {
         let deadline = Instant::now() + within;
         let mut pause = Duration::from_millis(20);
@@ -481,7 +481,7 @@ async fn wait_vacant(etcd: &Etcd, key: &str, revision: i64) {
 
 /// The next response of a watch; `None` when it ended or failed, and never while there is
 /// no watch (the poll stands in).
-async fn next_event(watch: &mut Option<WatchStream>) -> Option<etcd_client::WatchResponse> {
+async fn next_event(watch: &mut Option<WatchStream>) -> Option<mooncake_etcd::WatchResponse> {
     match watch {
         Some(w) => w.message().await.ok().flatten(),
         None => std::future::pending().await,
@@ -631,10 +631,10 @@ impl Drop for Leadership {
     }
 }
 
-fn lease_not_found(e: &etcd_client::Error) -> bool {
+fn lease_not_found(e: &mooncake_etcd::Error) -> bool {
     match e {
-        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
-        etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::NotFound,
+        mooncake_etcd::Error::LeaseKeepAliveError(m) => m.contains("not found"),
+        mooncake_etcd::Error::GRpcStatus(s) => s.code() == tonic::Code::NotFound,
         _ => false,
     }
 }
@@ -744,12 +744,12 @@ async fn renew(
     etcd: &Etcd,
     keeper: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     lease: i64,
-) -> Result<bool, etcd_client::Error> {
+) -> Result<bool, mooncake_etcd::Error> {
     if let Some((k, s)) = keeper.as_mut() {
         k.keep_alive().await?;
         return match s.message().await? {
             Some(r) => Ok(r.ttl() > 0),
-            None => Err(etcd_client::Error::LeaseKeepAliveError(
+            None => Err(mooncake_etcd::Error::LeaseKeepAliveError(
                 "the keep-alive stream ended".into(),
             )),
         };

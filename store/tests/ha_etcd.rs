@@ -116,8 +116,8 @@ async fn leader_of(etcd: &Etcd, cluster: &str) -> Option<String> {
         .unwrap()
 }
 
-async fn raw_client(etcd: &Etcd) -> etcd_client::Client {
-    etcd_client::Client::connect([format!("http://127.0.0.1:{}", etcd.port)], None)
+async fn raw_client(etcd: &Etcd) -> mooncake_etcd::Client {
+    mooncake_etcd::Client::connect([format!("http://127.0.0.1:{}", etcd.port)], None)
         .await
         .unwrap()
 }

@@ -61,12 +61,9 @@ pub fn upstream_python() -> PathBuf {
 pub fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let level = match std::env::var_os("MC_LOG_LEVEL") {
-            Some(_) => transfer_engine::Config::from_env()
-                .map(|c| c.log_level)
-                .unwrap_or(transfer_engine::config::LogLevel::Warning),
-            None => transfer_engine::config::LogLevel::Warning,
-        };
+        let level = transfer_engine::config::LogLevel::from_env_or(
+            transfer_engine::config::LogLevel::Warning,
+        );
         transfer_engine::logging::init(level);
     });
 }

@@ -2,12 +2,8 @@
 
 fn main() {
     // The report is the output: the engines of --selftest log only warnings unless asked.
-    let level = match std::env::var_os("MC_LOG_LEVEL") {
-        Some(_) => transfer_engine::Config::from_env()
-            .map(|c| c.log_level)
-            .unwrap_or(transfer_engine::config::LogLevel::Warning),
-        None => transfer_engine::config::LogLevel::Warning,
-    };
+    let level =
+        transfer_engine::config::LogLevel::from_env_or(transfer_engine::config::LogLevel::Warning);
     transfer_engine::logging::init(level);
     let args: Vec<String> = std::env::args().collect();
     std::process::exit(transfer_engine_doctor::main_with_args(&args, None));

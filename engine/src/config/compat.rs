@@ -62,7 +62,7 @@ pub fn hca_filter(get: &dyn Fn(&str) -> Option<String>) -> (Option<HcaFilter>, O
                 names: names(&new),
             }),
             Some(format!(
-                "MC_TE_FILTERS={new:?} and the deprecated MOONCAKE_RDMA_DEVICES={old:?} are both set: MC_TE_FILTERS wins; unset MOONCAKE_RDMA_DEVICES"
+                "MOONCAKE_RDMA_DEVICES={old:?} is deprecated and MC_TE_FILTERS replaces it: MC_TE_FILTERS={new:?} and MOONCAKE_RDMA_DEVICES are both set, MC_TE_FILTERS wins; unset MOONCAKE_RDMA_DEVICES"
             )),
         ),
         (Some(new), None) => (
@@ -78,7 +78,7 @@ pub fn hca_filter(get: &dyn Fn(&str) -> Option<String>) -> (Option<HcaFilter>, O
                 names: names(&old),
             }),
             Some(format!(
-                "MOONCAKE_RDMA_DEVICES={old:?} is deprecated and honoured only while MC_TE_FILTERS is unset; set MC_TE_FILTERS={old:?} instead"
+                "MOONCAKE_RDMA_DEVICES={old:?} is deprecated and MC_TE_FILTERS replaces it (the old name is honoured only while MC_TE_FILTERS is unset); set MC_TE_FILTERS={old:?} instead"
             )),
         ),
         (None, None) => (None, None),

@@ -283,6 +283,10 @@ impl Config {
     /// order, and the first bad value is the error.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let env = Env { get: &get };
+        // First, so that the legacy variable is named as such whatever else is wrong.
+        if let Some(w) = hca_filter(&get).1 {
+            warn_once(&w);
+        }
         let mut c = Self::default();
         read_transfer(&env, &mut c)?;
         handshake::read(&env, &mut c)?;
@@ -344,6 +348,23 @@ fn read_metrics_and_metadata<F: Fn(&str) -> Option<String>>(
         c.metadata_lease_ttl = Duration::from_secs(ttl);
     }
     Ok(())
+}
+
+impl LogLevel {
+    /// `MC_LOG_LEVEL` alone, `default` when it is unset or bad (the full read reports a bad
+    /// value): for installing the log before the configuration is read, so that the
+    /// configuration's own warnings reach it.
+    pub fn from_env_or(default: LogLevel) -> LogLevel {
+        let get = |k: &str| std::env::var(k).ok();
+        let mut c = Config {
+            log_level: default,
+            ..Config::default()
+        };
+        match read_log_level(&Env { get: &get }, &mut c) {
+            Ok(()) => c.log_level,
+            Err(_) => default,
+        }
+    }
 }
 
 /// `MC_LOG_LEVEL`.

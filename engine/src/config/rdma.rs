@@ -21,11 +21,8 @@ pub(super) fn read<F: Fn(&str) -> Option<String>>(
             ));
         }
     }
-    let (filter, warning) = hca_filter(get);
-    if let Some(w) = warning {
-        warn_once(&w);
-    }
-    c.hca_filter = filter;
+    // The deprecation line was logged by `from_lookup` before any other variable was read.
+    c.hca_filter = hca_filter(get).0;
     let gid = env.first_int::<i32>(
         &["MC_GID_INDEX", "NCCL_IB_GID_INDEX"],
         "-1 (automatic) or a GID index 0-255",

@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, PutOptions};
+use mooncake_etcd::{Client, ConnectOptions, PutOptions};
 use parking_lot::Mutex;
 
 use super::{
@@ -178,7 +178,7 @@ async fn in_time<T, F>(
     mut make: impl FnMut() -> F,
 ) -> Result<T, MetadataError>
 where
-    F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    F: std::future::Future<Output = Result<T, mooncake_etcd::Error>>,
 {
     let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
     let mut pause = Duration::from_millis(20);

@@ -3,9 +3,8 @@
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let level = transfer_engine::Config::from_env()
-        .map(|c| c.log_level)
-        .unwrap_or(transfer_engine::config::LogLevel::Info);
+    let level =
+        transfer_engine::config::LogLevel::from_env_or(transfer_engine::config::LogLevel::Info);
     transfer_engine::logging::init(level);
     std::process::exit(mooncake_store::master::run::main(&args));
 }
