@@ -1,5 +1,5 @@
-//! The etcd v3 store (`etcd://h1:2379,h2:2379`), through our `mooncake-etcd` client (`etcd/`) on a small private
-//! tokio runtime (one worker thread) owned by the store.
+//! The etcd v3 store (`etcd://h1:2379,h2:2379`), through our `mooncake-etcd` client (`etcd/`)
+//! on a small private tokio runtime (one worker thread) owned by the store.
 //!
 //! Keys and values are upstream's: `mooncake/[<cluster>/]rpc_meta/<name>` and
 //! `mooncake/[<cluster>/]ram/<name>`, compact JSON with a trailing newline. Every key this
