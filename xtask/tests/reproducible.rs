@@ -47,6 +47,23 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+fn clone_tagged(root: &Path, source: &Path, dir: &Path, tag: &str) {
+    std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+    git(
+        root,
+        &[
+            "clone",
+            "--quiet",
+            "--no-local",
+            source.to_str().unwrap(),
+            dir.to_str().unwrap(),
+        ],
+    );
+    if git(dir, &["tag", "-l", tag]).is_empty() {
+        git(dir, &["tag", tag]);
+    }
+}
+
 /// With `$XTASK_REPRO_KEEP_DIST`, the first clone's release directory is copied there: the
 /// test suite's later steps install the released wheel instead of building another.
 fn keep_dist(dist: &Path) {
@@ -78,22 +95,7 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
         root.join("first-clone"),
         root.join("second/clone-at-another-path"),
     );
-    std::fs::create_dir_all(b.parent().unwrap()).unwrap();
-    for dir in [&a, &b] {
-        git(
-            &root,
-            &[
-                "clone",
-                "--quiet",
-                "--no-local",
-                source.to_str().unwrap(),
-                dir.to_str().unwrap(),
-            ],
-        );
-        if git(dir, &["tag", "-l", &tag]).is_empty() {
-            git(dir, &["tag", &tag]);
-        }
-    }
+    clone_tagged(&root, &source, &a, &tag);
     let commit = git(&a, &["rev-parse", "HEAD"]);
     // One target directory for both clones, as CI shares one with the images test: the
     // second clone compiles only the workspace's crates, and must still match byte for byte.
@@ -106,6 +108,9 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
     eprintln!("{}", first.stderr);
     first.assert_ok();
     keep_dist(&a.join("target/dist").join(&tag));
+    // Cloned after the first build: its sources are newer than the shared target dir's
+    // records, so cargo compiles the workspace's crates again, from this clone's paths.
+    clone_tagged(&root, &source, &b, &tag);
 
     let gh = GitHubStandin::start();
     gh.tag(&tag, TagTarget::Commit(commit.clone()));
