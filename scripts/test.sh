@@ -14,6 +14,8 @@ scripts/install-deps.sh
 # Every locked crate, the wheel's `python` feature included: the SBOM test reads the
 # wheel's dependency tree offline before the wheel is built.
 cargo fetch --locked
+# A clean build from scratch: incremental caches would only cost disk (gigabytes) here.
+export CARGO_INCREMENTAL=0
 UPSTREAM_PYTHON="$(scripts/setup-upstream.sh | tail -n1)"
 export UPSTREAM_PYTHON
 
@@ -39,6 +41,11 @@ shopt -u nullglob
 WHEEL="${released[0]}"
 export WHEEL
 scripts/test-python.sh
+
+step "the sdist built by pip with no protoc reachable"
+sdists=("$XTASK_REPRO_KEEP_DIST"/*.tar.gz)
+[ "${#sdists[@]}" -eq 1 ] && [ -f "${sdists[0]}" ] || { echo "test.sh: expected one released sdist in $XTASK_REPRO_KEEP_DIST" >&2; exit 1; }
+scripts/test-sdist.sh "${sdists[0]}"
 
 step "interop with the oldest upstream we support (tests/interop/requirements-upstream-oldest.txt)"
 OLDEST_PYTHON="$(UPSTREAM_REQS="$REPO/tests/interop/requirements-upstream-oldest.txt" \
