@@ -19,7 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{pattern, wait_for, Buf};
-use meta_common::{engine_in, name, read, spawn_child, Reaped};
+use meta_common::{engine_in, name, plain_names_move_bytes, read, spawn_child, Reaped};
 use transfer_engine::{Config, TransferEngine};
 
 fn free_port() -> u16 {
@@ -148,6 +148,12 @@ fn register_discover_transfer_over_etcd() {
     a.forget_segment(&b_name);
     let err = a.segment_buffers(&b_name).unwrap_err().to_string();
     assert!(err.contains("not registered"), "{err}");
+}
+
+#[test]
+fn engines_with_plain_names_move_bytes_through_etcd() {
+    let etcd = Etcd::start();
+    plain_names_move_bytes(&etcd.conn(), |_, _| {});
 }
 
 #[test]

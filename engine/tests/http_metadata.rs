@@ -17,7 +17,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use common::{fnv, pattern, wait_for, Buf};
-use meta_common::{engine_in, name, read, spawn_child};
+use meta_common::{engine_in, name, plain_names_move_bytes, read, spawn_child};
 use transfer_engine::metadata::http_server::{HttpMetadataServer, ServerOptions};
 use transfer_engine::{Config, Notify, OpCode, Request, TransferEngine};
 
@@ -53,6 +53,27 @@ fn http(method: &str, url: &str, body: Option<&[u8]>) -> (u16, String) {
 fn key_url(srv: &HttpMetadataServer, key: &str) -> String {
     let enc: String = form_urlencoded::byte_serialize(key.as_bytes()).collect();
     format!("{}?key={enc}", srv.url())
+}
+
+#[test]
+fn engines_with_plain_names_move_bytes_through_the_http_store() {
+    let srv = server(no_sweep());
+    // What a peer reads: the address, never the name.
+    plain_names_move_bytes(&srv.url(), |name, host| {
+        let (st, meta) = http(
+            "GET",
+            &key_url(&srv, &format!("mooncake/rpc_meta/{name}")),
+            None,
+        );
+        assert_eq!(st, 200, "{meta}");
+        let meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
+        assert_eq!(meta["ip_or_host_name"], host, "{meta}");
+        let (st, desc) = http("GET", &key_url(&srv, &format!("mooncake/ram/{name}")), None);
+        assert_eq!(st, 200, "{desc}");
+        let desc: serde_json::Value = serde_json::from_str(&desc).unwrap();
+        assert_eq!(desc["tcp_data_host"], host, "{desc}");
+        assert_eq!(desc["name"], name, "{desc}");
+    });
 }
 
 #[test]

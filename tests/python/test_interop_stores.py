@@ -35,6 +35,14 @@ def _name() -> str:
     return f"127.0.0.1:{40000 + next(_names)}"
 
 
+def _plain_name() -> str:
+    # A pod or role name that no resolver knows: peers must use the published address.
+    return f"mc-role-{next(_names)}"
+
+
+NAMINGS = {"address": _name, "plain": _plain_name}
+
+
 def _wait(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -129,12 +137,16 @@ def store(request):
     return request.getfixturevalue(f"{request.param}_store")
 
 
-def test_our_engine_and_upstreams_share_a_store(store, upstream_python):
+@pytest.mark.parametrize("naming", NAMINGS)
+def test_our_engine_and_upstreams_share_a_store(store, upstream_python, naming):
+    """Both ways, with names that are addresses and with plain names (which no one resolves:
+    each engine publishes an address of its host, and the peer connects there)."""
+    new_name = NAMINGS[naming]
     # Upstream's engine serves a pattern(5) buffer, found by name through the store.
-    target = Peer(upstream_python, 4 * MIB, seed=5, env=UPSTREAM_ENV, host=_name(), metadata=store)
+    target = Peer(upstream_python, 4 * MIB, seed=5, env=UPSTREAM_ENV, host=new_name(), metadata=store)
     ours = TransferEngine()
     try:
-        assert ours.initialize(_name(), store, "tcp", "") == 0, TransferEngine.last_error()
+        assert ours.initialize(new_name(), store, "tcp", "") == 0, TransferEngine.last_error()
         local = Buffer(4 * MIB)
         assert ours.register_memory(local.addr, local.size) == 0
         sid = target.session_id
@@ -146,14 +158,14 @@ def test_our_engine_and_upstreams_share_a_store(store, upstream_python):
         assert target.check(0, MIB, 9) == "ok"
 
         # Upstream's engine as initiator against ours, found through the store.
-        our_name = _name()
+        our_name = new_name()
         t = TransferEngine()
         assert t.initialize(our_name, store, "tcp", "") == 0, TransferEngine.last_error()
         buf = Buffer(MIB, fill=pattern(3, 0, MIB))
         assert t.register_memory(buf.addr, buf.size) == 0
         result = run_peer_initiator(
             upstream_python, our_name, buf.addr, MIB, 11,
-            "--metadata", store, "--host", _name(), "--expect-peer-seed", "3",
+            "--metadata", store, "--host", new_name(), "--expect-peer-seed", "3",
         )
         assert result["ok"] and result["_rc"] == 0, result
         assert result["final_peer_sha256"] == sha256(buf.read())

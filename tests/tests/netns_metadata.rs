@@ -1,8 +1,8 @@
 //! The metadata stores on a host of their own (`e2e::netns`): our HTTP metadata server, and
 //! a real etcd (Debian's `etcd-server`, as `scripts/etcd-local.sh` runs it), each in one
 //! namespace, with two engines on two other hosts that find each other through it and move
-//! verified bytes both ways. Needs root (CI runs as root); without namespaces it fails,
-//! saying why.
+//! verified bytes both ways, named by their addresses and by plain names. Needs root (CI
+//! runs as root); without namespaces it fails, saying why.
 
 #![allow(
     clippy::unwrap_used,
@@ -26,24 +26,29 @@ fn three_hosts() -> Net {
     Net::new(&[one(), one(), one()]).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Engines on hosts 1 and 2 with the store `metadata`: each reads the first half of the
-/// other's buffer into the second half of its own.
+/// Engines on hosts 1 and 2 with the store `metadata`, named by their addresses and then by
+/// plain names that no resolver knows (each publishes its host's address, and the peer
+/// connects there): each reads the first half of the other's buffer into the second half
+/// of its own.
 fn engines_find_each_other(net: &Net, metadata: &str) {
+    for plain in [false, true] {
+        let name = |i: usize| match plain {
+            false => net.host(i).addr().to_string(),
+            true => format!("mc-role-{i}"),
+        };
+        pair_moves_bytes(net, metadata, name(1), name(2));
+    }
+}
+
+fn pair_moves_bytes(net: &Net, metadata: &str, a_name: String, b_name: String) {
     let envs = [
         ("MC_TRANSFER_TIMEOUT", "5"),
         ("MC_FORCE_TCP", "1"),
         ("NETNS_METADATA", metadata),
     ];
-    let spawn = |i: usize| {
-        let h = net.host(i);
-        Peer::spawn(CHILD, h, &h.addr().to_string(), SIZE, i as u64, &envs)
-    };
-    let (mut a, mut b) = (spawn(1), spawn(2));
-    assert_eq!(
-        b.session,
-        net.host(2).addr().to_string(),
-        "store mode: the name"
-    );
+    let spawn = |i: usize, name: &str| Peer::spawn(CHILD, net.host(i), name, SIZE, i as u64, &envs);
+    let (mut a, mut b) = (spawn(1, &a_name), spawn(2, &b_name));
+    assert_eq!(b.session, b_name, "store mode: the name");
     let long = Duration::from_secs(30);
     let r = b.call(
         &format!("read {} {} 0 {HALF} {HALF} 1", a.session, a.buffer),
@@ -51,7 +56,7 @@ fn engines_find_each_other(net: &Net, metadata: &str) {
     );
     assert!(
         r["ok"] == true && r["verified"] == true,
-        "B reads A through {metadata}: {r}"
+        "B ({b_name}) reads A ({a_name}) through {metadata}: {r}"
     );
     let r = a.call(
         &format!("read {} {} 0 {HALF} {HALF} 2", b.session, b.buffer),
@@ -59,7 +64,7 @@ fn engines_find_each_other(net: &Net, metadata: &str) {
     );
     assert!(
         r["ok"] == true && r["verified"] == true,
-        "A reads B: {r}\n{}",
+        "A ({a_name}) reads B ({b_name}): {r}\n{}",
         a.stderr_tail(20)
     );
 }

@@ -1,6 +1,7 @@
 //! The public API: initialize, register memory, submit batches of reads and
 //! writes to peer segments, wait, notify, probe.
 
+mod advertise;
 pub mod error;
 mod housekeeping;
 mod location;
@@ -151,8 +152,15 @@ impl TransferEngine {
         request: &TransportRequest,
     ) -> Result<Self, EngineError> {
         let kind = StoreKind::parse(metadata)?;
-        let host = HostPort::parse(local_hostname, config.handshake_port)?.host;
-        let ip = net::listen_ip(&host, config.tcp_bind_address, config.use_ipv6);
+        let name_host = HostPort::parse(local_hostname, config.handshake_port)?.host;
+        let ip = net::listen_ip(&name_host, config.tcp_bind_address, config.use_ipv6);
+        let host = match kind {
+            // P2P: the session id is built from the name's host, which peers resolve.
+            StoreKind::P2p => name_host,
+            StoreKind::Http(_) | StoreKind::Etcd(_) => {
+                advertise::announce(local_hostname, &name_host, &config)
+            }
+        };
         let (rpc_listener, rpc_port) = bind_handshake(ip, &config)?;
         let (session_id, store) = open_store(kind, local_hostname, &host, rpc_port, &config)?;
         let memory = Arc::new(MemoryRegistry::new());
@@ -235,6 +243,14 @@ impl TransferEngine {
     /// Where the metrics endpoint listens (`MC_METRICS_PORT`; port 0 picks a free one).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self._metrics_server.as_ref().map(MetricsServer::addr)
+    }
+
+    /// The host peers are told to reach this engine at: P2P, the host part of the session
+    /// id; with a store, the address published in its `rpc_meta` entry and descriptor
+    /// (see `advertise.rs`: `MC_TCP_BIND_ADDRESS`, the name when it is or resolves to an
+    /// address of this host, else the first up non-loopback address).
+    pub fn published_host(&self) -> &str {
+        &self.inner.host
     }
 
     /// The session id peers use as `target_hostname`: `host:rpc_port`.

@@ -117,3 +117,65 @@ pub fn set_cpu_affinity(cpus: &[usize]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// One address of one of this host's network interfaces (`getifaddrs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceAddr {
+    /// The interface's name (`eth0`).
+    pub interface: String,
+    /// The address.
+    pub ip: std::net::IpAddr,
+    /// `IFF_UP`.
+    pub up: bool,
+    /// `IFF_LOOPBACK`.
+    pub loopback: bool,
+}
+
+/// The IPv4 and IPv6 addresses of this host's interfaces, in the kernel's order.
+pub fn interface_addresses() -> io::Result<Vec<InterfaceAddr>> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `head` is a valid out-pointer; the list is freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut node = head;
+    while !node.is_null() {
+        // SAFETY: `node` is a node of the list getifaddrs returned, not freed yet.
+        let ifa = unsafe { &*node };
+        node = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null `ifa_addr` points to a sockaddr at least as large as its
+        // family's structure, which its `sa_family` names.
+        let ip = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                }
+                _ => continue,
+            }
+        };
+        // SAFETY: a non-null `ifa_name` is a NUL-terminated string owned by the list.
+        let interface = unsafe { CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        let flag = |f: libc::c_int| ifa.ifa_flags & f as libc::c_uint != 0;
+        out.push(InterfaceAddr {
+            interface,
+            ip,
+            up: flag(libc::IFF_UP),
+            loopback: flag(libc::IFF_LOOPBACK),
+        });
+    }
+    // SAFETY: `head` came from getifaddrs and no reference into the list outlives this.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(out)
+}

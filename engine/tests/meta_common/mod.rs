@@ -177,3 +177,65 @@ pub fn check_same_name_again_in_process(conn: &str) {
     );
     a.probe(&shared).unwrap();
 }
+
+/// Two engines named by plain names (no address, no port: a pod or role name that no
+/// resolver knows) move verified bytes both ways through the store at `url`. Each
+/// publishes an address of this host (one a socket can bind), never its name; with
+/// `MC_TCP_BIND_ADDRESS` that address. `stored(name, host)` checks what the store holds
+/// for each engine while both live.
+pub fn plain_names_move_bytes(url: &str, stored: impl Fn(&str, &str)) {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let tag = format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let a = TransferEngine::new(&format!("mc-prefill-{tag}"), url, Config::default()).unwrap();
+    let pinned = Config {
+        tcp_bind_address: Some("127.0.0.1".parse().unwrap()),
+        ..Config::default()
+    };
+    let b_name = format!("mc-decode-{tag}");
+    let b = TransferEngine::new(&b_name, url, pinned).unwrap();
+    assert_eq!(b.session_id(), b_name, "the name is the segment");
+    assert_eq!(b.published_host(), "127.0.0.1", "MC_TCP_BIND_ADDRESS");
+    let ip: std::net::IpAddr = a.published_host().parse().unwrap_or_else(|_| {
+        panic!(
+            "{} published {:?}, not an address",
+            a.session_id(),
+            a.published_host()
+        )
+    });
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap_or_else(|e| panic!("published {ip}, which is no address of this host: {e}"));
+
+    let len = 1 << 20;
+    let (a_buf, b_buf) = (Buf::new(len), Buf::new(len));
+    a_buf.write_at(0, &pattern(len, 41)).unwrap();
+    b_buf.write_at(0, &pattern(len, 42)).unwrap();
+    a.register_memory(a_buf.addr(), len as u64, "cpu:0")
+        .unwrap();
+    b.register_memory(b_buf.addr(), len as u64, "cpu:0")
+        .unwrap();
+    // A reads B (B published 127.0.0.1), B reads A (A published its interface address).
+    assert_eq!(
+        read(&a, &b_name, b_buf.addr(), len).unwrap(),
+        pattern(len, 42)
+    );
+    assert_eq!(
+        read(&b, a.session_id(), a_buf.addr(), len).unwrap(),
+        pattern(len, 41)
+    );
+    let w = [Request::new(
+        OpCode::Write,
+        a_buf.addr(),
+        b_buf.addr(),
+        len as u64,
+    )];
+    // SAFETY: both buffers outlive the synchronous call.
+    unsafe { a.transfer_sync(&b_name, &w) }.unwrap();
+    assert_eq!(b_buf.to_vec(), pattern(len, 41));
+    for e in [&a, &b] {
+        stored(e.session_id(), e.published_host());
+    }
+}
