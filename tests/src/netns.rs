@@ -355,12 +355,23 @@ impl Peer {
         seed: u64,
         envs: &[(&str, &str)],
     ) -> Self {
+        let (size, seed) = (size.to_string(), seed.to_string());
+        let mut all = vec![
+            ("NETNS_HOST", local_hostname),
+            ("NETNS_SIZE", size.as_str()),
+            ("NETNS_SEED", seed.as_str()),
+        ];
+        all.extend_from_slice(envs);
+        Self::spawn_role(binary, host, "netns-peer", &all)
+    }
+
+    /// Starts `binary ROLE` in `host` with the environment `envs`: any role that prints a
+    /// hello line with its `session` (and `buffer`, if it has one), then answers tagged
+    /// commands as `netns-peer` does.
+    pub fn spawn_role(binary: &str, host: &Host, role: &str, envs: &[(&str, &str)]) -> Self {
         use std::process::Stdio;
         let mut cmd = host.command(binary);
-        cmd.arg("netns-peer")
-            .env("NETNS_HOST", local_hostname)
-            .env("NETNS_SIZE", size.to_string())
-            .env("NETNS_SEED", seed.to_string())
+        cmd.arg(role)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -12,6 +12,7 @@
 )]
 
 mod netns_peer;
+mod netns_store;
 #[path = "../../../engine/tests/child/play.rs"]
 mod play;
 mod rdma_interop;
@@ -29,6 +30,8 @@ const ROLES: &[play::Role] = &[
     ("netns-peer", netns_peer::netns_peer),
     ("netns-http-metadata", netns_peer::netns_http_metadata),
     ("netns-gpu-peer", netns_peer::netns_gpu_peer),
+    ("netns-store-master", netns_store::netns_store_master),
+    ("netns-store-client", netns_store::netns_store_client),
 ];
 
 fn main() {
