@@ -220,7 +220,8 @@ def test_on_cuda_refuses_without_a_runtime(peer):
         "    except RuntimeError as e:\n"
         "        print(e)\n"
     )
-    env = {**os.environ, "MC_GPU_RUNTIME": "none", "PYTHONPATH": os.path.dirname(__file__)}
+    path = os.pathsep.join(p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "MC_GPU_RUNTIME": "none", "PYTHONPATH": path}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     lines = out.stdout.splitlines()
     assert len(lines) == 2, (out.stdout, out.stderr)
