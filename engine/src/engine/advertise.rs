@@ -102,20 +102,17 @@ fn choose(
     if let Some(ip) = bind.filter(|ip| !ip.is_unspecified()) {
         return (ip, Reason::BindAddress);
     }
-    if let Ok(ip) = name_host.parse::<IpAddr>() {
-        if !ip.is_unspecified() {
-            return (ip, Reason::NameIsAnAddress);
-        }
-    }
-    let ours = |ip: &IpAddr| ip.is_loopback() || interfaces.iter().any(|a| a.ip == *ip);
-    let resolved = if name_host.parse::<IpAddr>().is_ok() {
-        Vec::new()
-    } else {
-        resolve(name_host)
+    let resolved = match name_host.parse::<IpAddr>() {
+        Ok(ip) if !ip.is_unspecified() => return (ip, Reason::NameIsAnAddress),
+        // A wildcard names no address: nothing to resolve.
+        Ok(_) => Vec::new(),
+        Err(_) => resolve(name_host),
     };
+    let on_an_interface = |ip: &&IpAddr| interfaces.iter().any(|a| a.ip == **ip);
     let here = resolved
         .iter()
-        .find(|ip| ours(ip) && !ip.is_loopback())
+        .filter(|ip| !ip.is_loopback())
+        .find(on_an_interface)
         .or_else(|| resolved.iter().find(|ip| ip.is_loopback()));
     if let Some(ip) = here {
         return (*ip, Reason::NameResolvesHere);
