@@ -13,9 +13,8 @@
 )]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -754,51 +753,27 @@ fn selftest_with_an_unservable_protocol_fails_saying_why() {
     assert!(c.saw.contains("not served by this engine"), "{}", c.saw);
 }
 
-struct Child(
-    std::process::Child,
-    String,
-    BufReader<std::process::ChildStdout>,
-);
-
-impl Child {
-    fn spawn() -> Self {
-        // The engine process of `tests/child/bin.rs`.
-        let mut c = Command::new(env!("CARGO_BIN_EXE_doctor-test-peer"))
-            .env("MC_LOG_LEVEL", "ERROR")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = BufReader::new(c.stdout.take().unwrap());
-        let session = loop {
-            let mut l = String::new();
-            assert!(
-                out.read_line(&mut l).unwrap() > 0,
-                "child ended before its session line"
-            );
-            if let Some(s) = l.strip_prefix("SESSION ") {
-                break s.trim().to_string();
-            }
-        };
-        Self(c, session, out)
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        drop(self.0.stdin.take());
-        // Read what it prints on its way out, so that it never writes into a closed pipe.
-        let _ = std::io::copy(&mut self.2, &mut std::io::sink());
-        let _ = self.0.wait();
-    }
+/// A live engine for the `--peer` probe: one of this test process, which the probe reaches
+/// over loopback TCP as it would another process's (the doctor opens its own engine).
+fn live_peer() -> (transfer_engine::TransferEngine, transfer_engine::HostBuffer) {
+    let e = transfer_engine::TransferEngine::new(
+        "127.0.0.1",
+        transfer_engine::P2P_HANDSHAKE,
+        transfer_engine::Config::default(),
+    )
+    .unwrap();
+    let buf = transfer_engine::HostBuffer::new(1 << 20);
+    e.register_memory(buf.addr(), 1 << 20, "cpu:0").unwrap();
+    (e, buf)
 }
 
 #[test]
-fn peer_live_engine_process() {
-    let child = Child::spawn();
+fn peer_live_engine() {
+    let (peer, _buf) = live_peer();
+    let session = peer.session_id();
     let mut i = Host::new().inputs();
     i.protocol = "tcp".into();
-    i.peer = Some(child.1.clone());
+    i.peer = Some(session.clone());
     let r = run(&i);
     let c = check(&r, "peer");
     assert_eq!(c.status, Status::Ok, "{c:?}");
@@ -808,7 +783,7 @@ fn peer_live_engine_process() {
         c.saw
     );
     assert!(c.saw.contains("accepts connections"), "{}", c.saw);
-    assert_eq!(c.data["segment"], child.1.as_str());
+    assert_eq!(c.data["segment"], session.as_str());
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! `cargo xtask release <tag>`: the order of the phases. Each phase lives in `release/` and is
 //! safe to re-run; publishing compares what exists with what it would upload.
 //!
-//! verify source -> verify baseline -> [check images] -> build -> audit -> checksums ->
+//! verify source -> verify baseline -> [check images] -> build -> binaries -> audit -> checksums ->
 //! GitHub draft -> publish PyPI -> GitHub undraft -> images -> ledger (the publishing steps are
 //! `release/publish.rs`, shared with `cargo xtask publish`). `--dry-run` stops before publishing and
 //! needs no network. Unless `--skip-images`, a publishing run checks the images' pre-conditions
@@ -23,6 +23,7 @@ use crate::version::ReleaseTag;
 use crate::Workspace;
 
 pub mod audit;
+pub mod binaries;
 pub mod build;
 pub mod github;
 pub mod publish;
@@ -67,7 +68,7 @@ struct Prepared {
     manifest: Manifest,
 }
 
-/// verify source -> verify baseline -> [check images] -> build -> audit -> checksums.
+/// verify source -> verify baseline -> [check images] -> build -> binaries -> audit -> checksums.
 fn prepare(
     sh: &Shell,
     ws: &Workspace,
@@ -105,6 +106,13 @@ fn prepare(
         let outcome = format!("{}, {}", file_name(&b.wheel), file_name(&b.sdist));
         Ok((b, outcome))
     })?;
+    let dist = ws.dist_dir(&source.tag);
+    let binaries = phases.run("binaries", || {
+        let venv = build::tools_venv(sh, ws)?;
+        let b = binaries::build(sh, ws, &source, &venv, &dist)?;
+        let outcome = b.summary();
+        Ok((b, outcome))
+    })?;
     let audited = phases.run("audit", || {
         let venv = build::tools_venv(sh, ws)?;
         let python = baseline.found.python_bin.as_deref().unwrap_or("python3");
@@ -119,9 +127,8 @@ fn prepare(
         );
         Ok((a, outcome))
     })?;
-    let dist = ws.dist_dir(&source.tag);
     let manifest = phases.run("checksums", || {
-        let m = manifest(ws, &source, &baseline, &built, &audited)?;
+        let m = manifest(ws, &source, &baseline, &built, &binaries, &audited)?;
         checksums::write(&dist, &m)?;
         checksums::verify_dir(&dist)?;
         Ok((m, format!("{} and {MANIFEST} in {}", SUMS, dist.display())))
@@ -223,6 +230,7 @@ pub fn manifest(
     source: &Source,
     baseline: &BaselineReport,
     built: &build::Built,
+    binaries: &binaries::Binaries,
     audited: &audit::AuditReport,
 ) -> anyhow::Result<Manifest> {
     let wheel =
@@ -239,18 +247,56 @@ pub fn manifest(
         checksums: BTreeMap::new(),
     };
     let tag = ReleaseTag::parse(&source.tag)?;
-    let artifacts: BTreeMap<String, ManifestArtifact> = [wheel, sdist, debug, sbom, sums]
+    let mut artifacts: BTreeMap<String, ManifestArtifact> = [wheel, sdist, debug, sbom, sums]
         .into_iter()
         .map(|a| (a.name.clone(), a))
         .collect();
-    let upload_files = vec![
+    let mut upload_files = vec![
         file_name(&built.wheel),
         file_name(&built.sdist),
         file_name(&built.debug),
         file_name(&built.sbom),
-        SUMS.to_owned(),
-        MANIFEST.to_owned(),
     ];
+    let hosting = hosting(ws, source)?;
+    let mut releases = vec![ManifestRelease {
+        app_name: ws.config.distribution.clone(),
+        app_version: source.version.clone(),
+        artifacts: artifacts.keys().cloned().collect(),
+        hosting: hosting.clone(),
+    }];
+    // Each standalone binary's crate is a release of its own, as cargo-dist describes it.
+    for app in &binaries.apps {
+        let files = [
+            Some((&app.archive, binaries::ARCHIVE_KIND, true)),
+            Some((&app.checksum, binaries::CHECKSUM_KIND, false)),
+            app.installer
+                .as_ref()
+                .map(|i| (i, binaries::INSTALLER_KIND, false)),
+        ];
+        let mut names = Vec::new();
+        for (path, kind, per_target) in files.into_iter().flatten() {
+            let triples = if per_target {
+                vec![TARGET_TRIPLE.to_owned()]
+            } else {
+                vec![]
+            };
+            let a = ManifestArtifact::file(path, kind, triples)?;
+            names.push(a.name.clone());
+            upload_files.push(a.name.clone());
+            artifacts.insert(a.name.clone(), a);
+        }
+        releases.push(ManifestRelease {
+            app_name: app.app_name.clone(),
+            app_version: app.app_version.clone(),
+            artifacts: names,
+            hosting: hosting.clone(),
+        });
+    }
+    upload_files.extend([SUMS.to_owned(), MANIFEST.to_owned()]);
+    let mut tools = built.tools.clone();
+    tools.insert("dist".to_owned(), binaries.dist_version.clone());
+    let mut build = serde_json::to_value(&built.settings)?;
+    build["binaries"] = serde_json::to_value(binaries)?;
     Ok(Manifest {
         dist_version: format!("xtask {}", env!("CARGO_PKG_VERSION")),
         announcement_tag: source.tag.clone(),
@@ -261,17 +307,12 @@ pub fn manifest(
             "source_date_epoch": source.commit_time,
             "post_release": tag.is_post_release(),
         }),
-        releases: vec![ManifestRelease {
-            app_name: ws.config.distribution.clone(),
-            app_version: source.version.clone(),
-            artifacts: artifacts.keys().cloned().collect(),
-            hosting: hosting(ws, source)?,
-        }],
+        releases,
         artifacts,
         upload_files,
         baseline: serde_json::to_value(baseline)?,
-        tools: built.tools.clone(),
-        build: serde_json::to_value(&built.settings)?,
+        tools,
+        build,
         audit: serde_json::to_value(audited)?,
     })
 }

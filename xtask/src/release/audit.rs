@@ -95,7 +95,7 @@ pub fn check_contents(files: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn is_vendor_library(name: &str) -> bool {
+pub(crate) fn is_vendor_library(name: &str) -> bool {
     VENDOR_LIBRARIES.iter().any(|v| {
         name.strip_prefix(v)
             .is_some_and(|rest| rest.starts_with(".so") || rest.starts_with('-'))

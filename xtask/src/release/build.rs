@@ -64,7 +64,7 @@ pub struct BuildSettings {
 /// The cargo target directory of release builds: [`env::XTASK_CARGO_TARGET_DIR`] when set
 /// (one directory several checkouts share, so each builds only its own crates), else the
 /// checkout's scratch space.
-fn target_dir(ws: &Workspace) -> PathBuf {
+pub(crate) fn target_dir(ws: &Workspace) -> PathBuf {
     env::var(env::XTASK_CARGO_TARGET_DIR)
         .map(PathBuf::from)
         .unwrap_or_else(|| ws.scratch_dir().join("cargo-target"))
@@ -161,25 +161,7 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
     }
     fs::create_dir_all(&stage)?;
 
-    let target = target_dir(ws);
-    let wrapper = checkout_remap_wrapper()?;
-    let remaps = path_remaps(&target);
-    let mut rustflags: Vec<String> = remaps
-        .iter()
-        .map(|(from, to)| format!("--remap-path-prefix={from}={to}"))
-        .collect();
-    // A build-id whatever the linker's default: the debug file is found by it. SHA-1 of the
-    // output, so it is as reproducible as the bytes.
-    rustflags.push("-Clink-arg=-Wl,--build-id=sha1".to_owned());
-
-    let _env = [
-        sh.push_env("SOURCE_DATE_EPOCH", source.commit_time.to_string()),
-        sh.push_env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\x1f")),
-        sh.push_env("CARGO_TARGET_DIR", &target),
-        sh.push_env("RUSTC_WORKSPACE_WRAPPER", &wrapper),
-        sh.push_env(env::XTASK_REMAP_CHECKOUT, &ws.root),
-        sh.push_env("CARGO_INCREMENTAL", "0"),
-    ];
+    let (_env, remaps) = reproducible_env(sh, ws, source)?;
     let _dir = sh.push_dir(&project);
     cmd!(sh, "{maturin} sdist --out {stage}")
         .env_remove("RUSTFLAGS")
@@ -250,6 +232,36 @@ pub fn build(sh: &Shell, ws: &Workspace, source: &Source) -> anyhow::Result<Buil
             sbom: "CycloneDX 1.5 JSON".to_owned(),
         },
     })
+}
+
+/// The environment of every release build (the wheel's, the standalone binaries'): the
+/// tag's commit time, the path remaps, the shared target directory, no incremental state.
+/// Returns the guards (the environment lasts while they live) and the remaps applied.
+pub(crate) fn reproducible_env<'a>(
+    sh: &'a Shell,
+    ws: &Workspace,
+    source: &Source,
+) -> anyhow::Result<(Vec<xshell::PushEnv<'a>>, Vec<(String, &'static str)>)> {
+    let target = target_dir(ws);
+    let wrapper = checkout_remap_wrapper()?;
+    let remaps = path_remaps(&target);
+    let mut rustflags: Vec<String> = remaps
+        .iter()
+        .map(|(from, to)| format!("--remap-path-prefix={from}={to}"))
+        .collect();
+    // A build-id whatever the linker's default: the debug file is found by it. SHA-1 of the
+    // output, so it is as reproducible as the bytes.
+    rustflags.push("-Clink-arg=-Wl,--build-id=sha1".to_owned());
+    // CARGO_ENCODED_RUSTFLAGS wins over RUSTFLAGS, which cargo-dist sets to "" for its builds.
+    let guards = vec![
+        sh.push_env("SOURCE_DATE_EPOCH", source.commit_time.to_string()),
+        sh.push_env("CARGO_ENCODED_RUSTFLAGS", rustflags.join("\x1f")),
+        sh.push_env("CARGO_TARGET_DIR", &target),
+        sh.push_env("RUSTC_WORKSPACE_WRAPPER", &wrapper),
+        sh.push_env(env::XTASK_REMAP_CHECKOUT, &ws.root),
+        sh.push_env("CARGO_INCREMENTAL", "0"),
+    ];
+    Ok((guards, remaps))
 }
 
 /// The SBOM of the wheel's crate with the wheel's features (`[tool.maturin] features`).
