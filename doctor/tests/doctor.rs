@@ -770,7 +770,7 @@ fn live_peer() -> (transfer_engine::TransferEngine, transfer_engine::HostBuffer)
 #[test]
 fn peer_live_engine() {
     let (peer, _buf) = live_peer();
-    let session = peer.session_id();
+    let session = peer.session_id().to_owned();
     let mut i = Host::new().inputs();
     i.protocol = "tcp".into();
     i.peer = Some(session.clone());

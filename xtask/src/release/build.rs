@@ -70,13 +70,16 @@ pub(crate) fn target_dir(ws: &Workspace) -> PathBuf {
         .unwrap_or_else(|| ws.scratch_dir().join("cargo-target"))
 }
 
+/// A host path prefix and what it becomes in the artifacts.
+pub(crate) type PathRemap = (String, &'static str);
+
 /// The path prefixes the build remaps, so that no path of this host is in the artifacts.
 ///
 /// rustc applies the last matching prefix. The checkout's own prefix is not among these
 /// flags: it reaches only the workspace's crates (see [`checkout_remap_wrapper`]), so that
 /// the dependencies' flags, and with them their compiled artifacts, are the same from every
 /// checkout.
-fn path_remaps(target: &Path) -> Vec<(String, &'static str)> {
+fn path_remaps(target: &Path) -> Vec<PathRemap> {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
     let cargo_home = std::env::var("CARGO_HOME").unwrap_or_else(|_| format!("{home}/.cargo"));
     let rustup_home = std::env::var("RUSTUP_HOME").unwrap_or_else(|_| format!("{home}/.rustup"));
@@ -241,7 +244,7 @@ pub(crate) fn reproducible_env<'a>(
     sh: &'a Shell,
     ws: &Workspace,
     source: &Source,
-) -> anyhow::Result<(Vec<xshell::PushEnv<'a>>, Vec<(String, &'static str)>)> {
+) -> anyhow::Result<(Vec<xshell::PushEnv<'a>>, Vec<PathRemap>)> {
     let target = target_dir(ws);
     let wrapper = checkout_remap_wrapper()?;
     let remaps = path_remaps(&target);
