@@ -9,7 +9,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 log() { printf 'install-deps: %s\n' "$*" >&2; }
 
-PKGS=(build-essential pkg-config curl ca-certificates git python3 python3-venv python3-pip binutils iperf3
+PKGS=(build-essential pkg-config curl ca-certificates git python3 python3-venv python3-pip binutils xz-utils iperf3
       etcd-server python3-aiohttp libibverbs-dev)
 missing=()
 for p in "${PKGS[@]}"; do

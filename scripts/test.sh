@@ -47,6 +47,9 @@ sdists=("$XTASK_REPRO_KEEP_DIST"/*.tar.gz)
 [ "${#sdists[@]}" -eq 1 ] && [ -f "${sdists[0]}" ] || { echo "test.sh: expected one released sdist in $XTASK_REPRO_KEEP_DIST" >&2; exit 1; }
 scripts/test-sdist.sh "${sdists[0]}"
 
+step "the standalone binaries through their installers (the dry run's cargo-dist archives)"
+scripts/test-binaries.sh "$XTASK_REPRO_KEEP_DIST"
+
 step "interop with the oldest upstream we support (tests/interop/requirements-upstream-oldest.txt)"
 OLDEST_PYTHON="$(UPSTREAM_REQS="$REPO/tests/interop/requirements-upstream-oldest.txt" \
     UPSTREAM_VENV="$REPO/.venv-upstream-oldest" SKIP_APT=1 scripts/setup-upstream.sh | tail -n1)"

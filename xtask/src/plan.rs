@@ -9,6 +9,7 @@ use crate::checksums::{MANIFEST, SUMS};
 use crate::flags;
 use crate::image_reference::ImageRef;
 use crate::release::verify::BaselineMode;
+use crate::release::{binaries, TARGET_TRIPLE};
 use crate::source;
 use crate::version::{dist_file_stem, normalize_name, ReleaseTag};
 use crate::Workspace;
@@ -41,6 +42,25 @@ impl flags::Plan {
                 })
             })
             .collect();
+        let mut artifacts = vec![
+            json!({"name": wheel, "kind": "python-wheel"}),
+            json!({"name": sdist, "kind": "source-tarball"}),
+            json!({"name": debug, "kind": "symbols", "place": "GitHub only"}),
+            json!({"name": sbom, "kind": "sbom", "place": "GitHub only"}),
+        ];
+        let installers = tag.version.post.is_none();
+        for app in dist_apps(&ws) {
+            let archive = format!("{app}-{TARGET_TRIPLE}.tar.xz");
+            artifacts.push(
+                json!({"name": archive, "kind": binaries::ARCHIVE_KIND, "place": "GitHub only"}),
+            );
+            artifacts.push(json!({"name": format!("{archive}.sha256"), "kind": binaries::CHECKSUM_KIND, "place": "GitHub only"}));
+            if installers {
+                artifacts.push(json!({"name": format!("{app}-installer.sh"), "kind": binaries::INSTALLER_KIND, "place": "GitHub only"}));
+            }
+        }
+        artifacts.push(json!({"name": SUMS, "kind": "unified-checksum"}));
+        artifacts.push(json!({"name": MANIFEST, "kind": "dist-manifest"}));
         let plan = json!({
             "tag": tag.name,
             "version": version,
@@ -55,18 +75,12 @@ impl flags::Plan {
                 "wanted": config.baseline,
             },
             "dist_dir": format!("target/dist/{}", tag.name),
-            "artifacts": [
-                {"name": wheel, "kind": "python-wheel"},
-                {"name": sdist, "kind": "source-tarball"},
-                {"name": debug, "kind": "symbols", "place": "GitHub only"},
-                {"name": sbom, "kind": "sbom", "place": "GitHub only"},
-                {"name": SUMS, "kind": "unified-checksum"},
-                {"name": MANIFEST, "kind": "dist-manifest"},
-            ],
+            "artifacts": artifacts,
             "phases": [
                 {"name": "verify source", "does": "tag exists, is HEAD, clean tree, versions equal the tag's"},
                 {"name": "verify baseline", "does": "compare the host with release.toml [baseline]"},
                 {"name": "build", "does": format!("maturin sdist + build --profile wheel --locked --compatibility {}; the extension stripped, its debug info to {debug}; the SBOM", config.baseline.manylinux()?.0)},
+                {"name": "binaries", "does": "cargo-dist: the standalone binaries' archives and installers, archives packed reproducibly, no vendor runtime linked, glibc no newer than the baseline's"},
                 {"name": "audit", "does": "platform tag, auditwheel, no vendor runtime bundled or linked, smoke test in a clean venv"},
                 {"name": "checksums", "does": format!("{SUMS} and {MANIFEST}")},
                 {"name": "GitHub draft", "dry_run": "skipped", "target": format!("https://github.com/{owner}/{repo}/releases/tag/{}", tag.name),
@@ -87,6 +101,36 @@ impl flags::Plan {
         }
         Ok(())
     }
+}
+
+/// The workspace crates whose binaries cargo-dist releases (`[package.metadata.dist] dist =
+/// true`), in the workspace's member order.
+pub fn dist_apps(ws: &Workspace) -> Vec<String> {
+    let read = |dir: &std::path::Path| -> Option<toml::Table> {
+        toml::from_str(&std::fs::read_to_string(dir.join("Cargo.toml")).ok()?).ok()
+    };
+    let Some(root) = read(&ws.root) else {
+        return vec![];
+    };
+    let members = root
+        .get("workspace")
+        .and_then(|w| w.get("members"))
+        .and_then(|m| m.as_array())
+        .cloned()
+        .unwrap_or_default();
+    members
+        .iter()
+        .filter_map(|m| read(&ws.root.join(m.as_str()?)))
+        .filter_map(|t| {
+            let package = t.get("package")?;
+            let dist = package
+                .get("metadata")?
+                .get("dist")?
+                .get("dist")?
+                .as_bool()?;
+            dist.then(|| package.get("name")?.as_str().map(str::to_owned))?
+        })
+        .collect()
 }
 
 /// `cp39-abi3` when the wheel's crate enables pyo3's `abi3-py39`, else a placeholder.

@@ -4,8 +4,8 @@
 //!     cargo test -p xtask --test reproducible -- --nocapture
 //!
 //! Two clones of one commit, at different paths, build with `release <tag> --dry-run` and
-//! `release <tag>`; their wheel, sdist, debug info, SBOM, manifest and sums must be
-//! byte-identical, and the wheel ships its extension stripped (under 3 MB). The second
+//! `release <tag>`; their wheel, sdist, debug info, SBOM, the standalone binaries' archives,
+//! checksums and installers (cargo-dist), manifest and sums must be byte-identical, and the wheel ships its extension stripped (under 3 MB). The second
 //! publishes to the GitHub Releases stand-in and devpi-server, then publishes again (a re-run
 //! that finds everything identical), and writes the publication record and the ledger.
 //!
@@ -143,7 +143,22 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
         files(&b.join("target/dist").join(&tag)),
     );
     let names: Vec<&str> = fa.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(fa.len(), 6, "{names:?}");
+    // The wheel's six files and, per standalone binary, its archive, checksum and installer.
+    assert_eq!(fa.len(), 6 + 3 * 3, "{names:?}");
+    for app in [
+        "transfer-engine-doctor",
+        "transfer-engine-bench",
+        "mooncake-store",
+    ] {
+        let archive = format!("{app}-x86_64-unknown-linux-gnu.tar.xz");
+        for name in [
+            archive.clone(),
+            format!("{archive}.sha256"),
+            format!("{app}-installer.sh"),
+        ] {
+            assert!(names.contains(&name.as_str()), "no {name} in {names:?}");
+        }
+    }
     for ((na, ba), (nb, bb)) in fa.iter().zip(&fb) {
         assert_eq!(na, nb);
         assert!(ba == bb, "{na} differs between the two clones");
@@ -186,11 +201,24 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
         sums.contains(&format!("  {debug}\n")) && sums.contains(".cdx.json\n"),
         "{sums}"
     );
+    assert!(
+        sums.contains("  mooncake-store-x86_64-unknown-linux-gnu.tar.xz\n")
+            && sums.contains("  mooncake-store-installer.sh\n"),
+        "{sums}"
+    );
+    let binaries = &manifest["build"]["binaries"];
+    eprintln!("binaries: {binaries}");
+    assert_eq!(
+        binaries["apps"].as_array().map(Vec::len),
+        Some(3),
+        "{binaries}"
+    );
+    assert!(binaries["installers_skipped"].is_null(), "{binaries}");
 
     let release = gh.release(&tag).unwrap();
     assert!(!release.draft);
-    // The six files, and the publication record the publishing wrote last.
-    assert_eq!(release.assets.len(), 7);
+    // The fifteen files, and the publication record the publishing wrote last.
+    assert_eq!(release.assets.len(), 16);
     let record = std::fs::read(b.join("target/dist").join(&tag).join("publication.json")).unwrap();
     assert_eq!(
         release
@@ -229,7 +257,7 @@ fn two_clones_build_byte_identical_artifacts_and_publish_to_the_standins() {
     eprintln!("{}", again.stderr);
     again.assert_ok();
     assert!(
-        again.stderr.contains("0 uploaded, 6 already identical"),
+        again.stderr.contains("0 uploaded, 15 already identical"),
         "GitHub"
     );
     assert!(
