@@ -160,14 +160,7 @@ pub fn build(
         serde_json::to_vec_pretty(&manifest)?,
     )?;
 
-    // An installer downloads from the release cargo-dist was told of; a post release's tag
-    // (`v0.3.12.post1`) is no semver, so cargo-dist would point at one that does not exist.
-    let installers_skipped = (dist_tag != source.tag).then(|| {
-        format!(
-            "cargo-dist names releases by semver ({dist_tag}), the GitHub release is {}",
-            source.tag
-        )
-    });
+    let installers_skipped = no_installers(&dist_tag, &source.tag);
     if installers_skipped.is_none() {
         cmd!(
             sh,
@@ -217,6 +210,15 @@ pub fn build(
         archives: "packed again by GNU tar: members and modes as cargo-dist's, mtime \
                    SOURCE_DATE_EPOCH, owner 0, names sorted; xz -6, one thread"
             .to_owned(),
+    })
+}
+
+/// Why a release gets no installers, if it gets none: an installer downloads from the
+/// release cargo-dist was told of, and a post release's tag (`v0.3.12.post1`) is no semver,
+/// so cargo-dist would point it at `v0.3.12-post1`, a release that does not exist.
+fn no_installers(dist_tag: &str, tag: &str) -> Option<String> {
+    (dist_tag != tag).then(|| {
+        format!("cargo-dist names releases by semver ({dist_tag}), the GitHub release is {tag}")
     })
 }
 
@@ -476,6 +478,16 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("no checksum file"));
+    }
+
+    #[test]
+    fn a_post_release_gets_no_installers_and_says_why() {
+        assert_eq!(no_installers("v0.3.12", "v0.3.12"), None);
+        let why = no_installers("v0.3.12-post1", "v0.3.12.post1").unwrap();
+        assert!(
+            why.contains("v0.3.12-post1") && why.contains("v0.3.12.post1"),
+            "{why}"
+        );
     }
 
     #[test]
