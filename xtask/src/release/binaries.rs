@@ -131,6 +131,9 @@ pub fn build(
     }
     let (_env, _) = reproducible_env(sh, ws, source)?;
     let _dir = sh.push_dir(&ws.root);
+    // cargo-dist runs `cargo build` without `--locked`: the lock file must come out as it went in.
+    let lock = ws.root.join("Cargo.lock");
+    let locked = fs::read(&lock).context("cannot read Cargo.lock")?;
 
     let local = cmd!(
         sh,
@@ -138,6 +141,10 @@ pub fn build(
     )
     .read()
     .context("cargo-dist could not build the standalone binaries (dist build --artifacts=local)")?;
+    if fs::read(&lock)? != locked {
+        fs::write(&lock, &locked)?;
+        bail!("cargo-dist's build changed Cargo.lock (restored): run `cargo update --workspace --offline`, commit Cargo.lock, and tag again");
+    }
     let mut manifest: serde_json::Value = serde_json::from_str(&local)
         .context("cargo-dist printed no manifest (dist build --output-format=json)")?;
     let archives = archives(&manifest)?;
