@@ -171,9 +171,10 @@ fn plan_prints_what_release_would_do() {
         .iter()
         .map(|p| p["name"].as_str().unwrap())
         .collect();
+    assert_eq!(phases[2..4], ["build", "binaries"]);
     // The order of publishing in xtask/README.md.
     assert_eq!(
-        phases[5..],
+        phases[6..],
         [
             "GitHub draft",
             "publish PyPI",
