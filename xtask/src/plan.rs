@@ -48,7 +48,7 @@ impl flags::Plan {
             json!({"name": debug, "kind": "symbols", "place": "GitHub only"}),
             json!({"name": sbom, "kind": "sbom", "place": "GitHub only"}),
         ];
-        let installers = tag.version.post.is_none();
+        let installers = binaries::no_installers(&binaries::dist_tag(&tag), &tag.name).is_none();
         for app in dist_apps(&ws) {
             let archive = format!("{app}-{TARGET_TRIPLE}.tar.xz");
             artifacts.push(

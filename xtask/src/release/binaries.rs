@@ -26,7 +26,7 @@ use serde::Serialize;
 use xshell::{cmd, Shell};
 
 use crate::release::audit::{elf_needed, is_vendor_library};
-use crate::release::build::{reproducible_env, target_dir};
+use crate::release::build::{move_into, reproducible_env, target_dir};
 use crate::release::{file_name, TARGET_TRIPLE};
 use crate::source::Source;
 use crate::version::ReleaseTag;
@@ -123,8 +123,7 @@ pub fn build(
         .quiet()
         .read()
         .with_context(|| format!("cannot run cargo-dist ({})", dist.display()))?;
-    let tag = ReleaseTag::parse(&source.tag)?;
-    let dist_tag = format!("v{}", tag.version.cargo());
+    let dist_tag = dist_tag(&ReleaseTag::parse(&source.tag)?);
     let out = target_dir(ws).join("distrib");
     if out.exists() {
         fs::remove_dir_all(&out)?;
@@ -156,11 +155,13 @@ pub fn build(
         fs::remove_dir_all(&scratch)?;
     }
     fs::create_dir_all(&scratch)?;
+    let mut shas = Vec::new();
     for a in &archives {
         let path = out.join(&a.name);
         let sha = normalise_archive(sh, &path, &scratch, source.commit_time)?;
         fs::write(out.join(&a.checksum), format!("{sha} *{}\n", a.name))?;
-        manifest["artifacts"][&a.name]["checksums"]["sha256"] = sha.into();
+        manifest["artifacts"][&a.name]["checksums"]["sha256"] = sha.clone().into();
+        shas.push(sha);
     }
     fs::write(
         out.join(LOCAL_MANIFEST),
@@ -184,7 +185,7 @@ pub fn build(
         source.tag
     );
     let mut apps = Vec::new();
-    for a in archives {
+    for (a, sha) in archives.into_iter().zip(shas) {
         let executables = check_archive(
             sh,
             &out.join(&a.name),
@@ -196,7 +197,7 @@ pub fn build(
             Some(_) => None,
             None => {
                 let path = out.join(format!("{}-installer.sh", a.app_name));
-                check_installer(&path, &a.name, &sha_of(&out.join(&a.checksum))?, &download)?;
+                check_installer(&path, &a.name, &sha, &download)?;
                 Some(move_into(&path, dist_dir)?)
             }
         };
@@ -220,10 +221,15 @@ pub fn build(
     })
 }
 
+/// The tag cargo-dist is given: `v` and the Cargo version (semver).
+pub fn dist_tag(tag: &ReleaseTag) -> String {
+    format!("v{}", tag.version.cargo())
+}
+
 /// Why a release gets no installers, if it gets none: an installer downloads from the
 /// release cargo-dist was told of, and a post release's tag (`v0.3.12.post1`) is no semver,
 /// so cargo-dist would point it at `v0.3.12-post1`, a release that does not exist.
-fn no_installers(dist_tag: &str, tag: &str) -> Option<String> {
+pub fn no_installers(dist_tag: &str, tag: &str) -> Option<String> {
     (dist_tag != tag).then(|| {
         format!("cargo-dist names releases by semver ({dist_tag}), the GitHub release is {tag}")
     })
@@ -428,21 +434,6 @@ fn check_installer(path: &Path, archive: &str, sha: &str, download: &str) -> any
         }
     }
     Ok(())
-}
-
-/// The hex digest of a `<hex> *<name>` checksum file.
-fn sha_of(checksum: &Path) -> anyhow::Result<String> {
-    let text = fs::read_to_string(checksum)?;
-    text.split_whitespace()
-        .next()
-        .map(str::to_owned)
-        .ok_or_else(|| format_err!("{} is empty", checksum.display()))
-}
-
-fn move_into(file: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
-    let to = dir.join(file_name(file));
-    fs::rename(file, &to).or_else(|_| fs::copy(file, &to).map(drop))?;
-    Ok(to)
 }
 
 #[cfg(test)]

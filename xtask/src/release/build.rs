@@ -343,7 +343,7 @@ fn collect(ws: &Workspace, stage: &Path, version: &str) -> anyhow::Result<(PathB
     Ok((wheel.clone(), sdist.clone()))
 }
 
-fn move_into(file: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn move_into(file: &Path, dir: &Path) -> anyhow::Result<PathBuf> {
     let to = dir.join(
         file.file_name()
             .ok_or_else(|| format_err!("no file name"))?,
