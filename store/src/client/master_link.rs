@@ -2,13 +2,19 @@
 //! in etcd for `etcd://h1:2379;h2:2379`), the version check of the first call, every
 //! RPC under a deadline, heartbeats, and mounting the client's segments again when a
 //! master does not know it (restarted, or a standby that took over).
+//!
+//! The connection lives on a current-thread runtime that the calling thread itself
+//! drives: a call writes its request, sleeps in the runtime's poll and reads the reply
+//! on one thread, so the master's answer wakes exactly the thread that waits for it.
+//! (A runtime thread of its own would add two wake-ups to every call, the fixed cost
+//! that bounds the store's small batches.) The heartbeat thread drives it the same way
+//! between calls, which also answers the master's HTTP/2 keepalive pings.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Response, Status};
 
@@ -16,7 +22,7 @@ use super::error::StoreError;
 use crate::codes::Code;
 use crate::ha;
 use crate::rpc::messages::{self as msg, ClientRequest, HelloReply, HelloRequest, MountRequest};
-use crate::rpc::{self, MasterClient, MAX_MESSAGE_BYTES, PROTOCOL, VERSION};
+use crate::rpc::{self, coalesce, MasterClient, MAX_MESSAGE_BYTES, PROTOCOL, VERSION};
 
 /// How long connecting to a master may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -27,6 +33,9 @@ const RPC_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_CLUSTER_ID: &str = "mooncake_cluster";
 /// Heartbeats per `client_ttl`: one lost heartbeat never kills a client.
 const PINGS_PER_TTL: u32 = 4;
+/// The longest gap between heartbeats, whatever the ttl: they also answer the master's
+/// keepalive pings (sent after 10 s idle, answered within 5 s) on an idle connection.
+const MAX_PING_GAP: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 enum Target {
@@ -71,14 +80,16 @@ struct Shared {
     conn: Mutex<Conn>,
     /// The segments this client mounted, to mount again on a master that forgot them.
     segments: Mutex<Vec<msg::Segment>>,
-    closed: AtomicBool,
+    /// Set by `close` (or drop); the heartbeat thread waits on `stop` and ends.
+    closed: Mutex<bool>,
+    stop: Condvar,
 }
 
 /// The connection to the master.
 pub struct MasterLink {
     shared: Arc<Shared>,
     hello: HelloReply,
-    rt: tokio::runtime::Runtime,
+    rt: Arc<tokio::runtime::Runtime>,
 }
 
 fn status_error(addr: &str, s: &Status) -> StoreError {
@@ -117,12 +128,14 @@ async fn open(addr: &str, client_id: u128) -> Result<(Conn, HelloReply), StoreEr
             )
         })?
         .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(RPC_TIMEOUT)
-        .tcp_nodelay(true);
-    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
-        .await
-        .map_err(|_| unreachable(format!("no connection within {CONNECT_TIMEOUT:?}")))?
-        .map_err(|e| unreachable(e.to_string()))?;
+        .timeout(RPC_TIMEOUT);
+    let channel = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        endpoint.connect_with_connector(coalesce::Connector),
+    )
+    .await
+    .map_err(|_| unreachable(format!("no connection within {CONNECT_TIMEOUT:?}")))?
+    .map_err(|e| unreachable(e.to_string()))?;
     let mut client = MasterClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -190,9 +203,7 @@ impl MasterLink {
     /// Connects to the master at `addr` (`host:port` or `etcd://...`) and checks versions.
     pub fn connect(addr: &str, client_id: u128) -> Result<Self, StoreError> {
         let target = Target::parse(addr)?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("store-client")
+        let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| {
@@ -210,10 +221,22 @@ impl MasterLink {
             client_id,
             conn: Mutex::new(conn),
             segments: Mutex::new(Vec::new()),
-            closed: AtomicBool::new(false),
+            closed: Mutex::new(false),
+            stop: Condvar::new(),
         });
-        let ttl = Duration::from_millis(hello.client_ttl_ms.max(400));
-        rt.spawn(heartbeat(Arc::clone(&shared), ttl / PINGS_PER_TTL));
+        let rt = Arc::new(rt);
+        let every =
+            (Duration::from_millis(hello.client_ttl_ms.max(400)) / PINGS_PER_TTL).min(MAX_PING_GAP);
+        let (beat_shared, beat_rt) = (Arc::clone(&shared), Arc::clone(&rt));
+        std::thread::Builder::new()
+            .name("store-heartbeat".into())
+            .spawn(move || heartbeat(&beat_shared, &beat_rt, every))
+            .map_err(|e| {
+                StoreError::new(
+                    Code::InternalError,
+                    format!("cannot start the client's heartbeat thread: {e}"),
+                )
+            })?;
         Ok(Self { shared, hello, rt })
     }
 
@@ -263,7 +286,7 @@ impl MasterLink {
 
     /// Unmounts every segment and says goodbye; heartbeats stop.
     pub fn close(&self) -> Result<(), StoreError> {
-        self.shared.closed.store(true, Ordering::Release);
+        self.shared.stop_heartbeats();
         let client_id = self.client_id();
         self.shared.segments.lock().clear();
         self.call(|mut c| async move { c.disconnect(ClientRequest { client_id }).await })
@@ -356,26 +379,48 @@ async fn mount_one(shared: &Shared, segment: msg::Segment) -> Result<i32, StoreE
         .map_err(|(e, _)| e)
 }
 
-async fn heartbeat(shared: Arc<Shared>, every: Duration) {
+impl Drop for MasterLink {
+    fn drop(&mut self) {
+        self.shared.stop_heartbeats();
+    }
+}
+
+impl Shared {
+    fn stop_heartbeats(&self) {
+        *self.closed.lock() = true;
+        self.stop.notify_all();
+    }
+
+    /// Waits `every`; false once the link is closed.
+    fn wait_open(&self, every: Duration) -> bool {
+        let mut closed = self.closed.lock();
+        if !*closed {
+            self.stop.wait_for(&mut closed, every);
+        }
+        !*closed
+    }
+}
+
+/// The heartbeat thread: a ping every `every` until the link closes, driving the
+/// runtime while it waits for the answer.
+fn heartbeat(shared: &Shared, rt: &tokio::runtime::Runtime, every: Duration) {
     let client_id = Some(msg::Id::from_u128(shared.client_id));
-    loop {
-        tokio::time::sleep(every).await;
-        if shared.closed.load(Ordering::Acquire) {
-            return;
-        }
-        let reply = call(&shared, move |mut c| async move {
-            c.ping(ClientRequest { client_id }).await
-        })
-        .await;
-        match reply {
-            Ok(r) if r.code == Code::IllegalClient.value() => {
-                tracing::warn!("store: the master does not know this client (restarted or took over); saying hello and mounting its segments again");
-                if let Err(e) = reconnect(&shared).await {
-                    tracing::warn!("store: {e}");
+    while shared.wait_open(every) {
+        rt.block_on(async {
+            let reply = call(shared, move |mut c| async move {
+                c.ping(ClientRequest { client_id }).await
+            })
+            .await;
+            match reply {
+                Ok(r) if r.code == Code::IllegalClient.value() => {
+                    tracing::warn!("store: the master does not know this client (restarted or took over); saying hello and mounting its segments again");
+                    if let Err(e) = reconnect(shared).await {
+                        tracing::warn!("store: {e}");
+                    }
                 }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("store: heartbeat failed: {e}"),
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!("store: heartbeat failed: {e}"),
-        }
+        });
     }
 }

@@ -13,12 +13,14 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::rpc::coalesce::Coalesced;
+
 /// Connections served at once (clients hold one each; the rest wait in the backlog).
 pub const MAX_CONNECTIONS: usize = 4096;
 
 /// A connection and its place under the cap.
 pub struct Capped {
-    stream: TcpStream,
+    stream: Coalesced<TcpStream>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -26,7 +28,7 @@ impl Connected for Capped {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        self.stream.get_ref().connect_info()
     }
 }
 
@@ -55,18 +57,6 @@ impl AsyncWrite for Capped {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
     }
 }
 
@@ -99,7 +89,7 @@ pub fn capped(listener: TcpListener) -> ReceiverStream<io::Result<Capped>> {
             };
             let _ = stream.set_nodelay(true);
             let conn = Capped {
-                stream,
+                stream: Coalesced::new(stream),
                 _permit: permit,
             };
             if tx.send(Ok(conn)).await.is_err() {

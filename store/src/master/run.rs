@@ -22,6 +22,9 @@ use crate::rpc::{MasterServer, MAX_MESSAGE_BYTES, VERSION};
 /// How long a leader's etcd lease lasts: a dead leader's standby takes over after this.
 const HA_LEASE_TTL: Duration = Duration::from_secs(5);
 
+/// RPC threads unless `--rpc_thread_num` says.
+const DEFAULT_RPC_THREADS: usize = 2;
+
 /// Exit statuses.
 const EXIT_USAGE: i32 = 2;
 const EXIT_FAILED: i32 = 1;
@@ -44,13 +47,7 @@ pub fn main(args: &[String]) -> i32 {
             return EXIT_USAGE;
         }
     };
-    let workers = flags.rpc_thread_num.unwrap_or(2).clamp(1, 64);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .thread_name("master-rpc")
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime(flags.rpc_thread_num) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("mooncake_master: cannot start the RPC runtime: {e}");
@@ -67,6 +64,22 @@ pub fn main(args: &[String]) -> i32 {
             eprintln!("mooncake_master: {why}");
             EXIT_FAILED
         }
+    }
+}
+
+/// The RPC runtime of `--rpc_thread_num` threads. One thread is a current-thread
+/// runtime: a call is read, served and answered on the thread its bytes woke, with no
+/// hand-off between workers (the fewest wake-ups per call).
+fn runtime(threads: Option<usize>) -> std::io::Result<tokio::runtime::Runtime> {
+    match threads.unwrap_or(DEFAULT_RPC_THREADS).clamp(1, 64) {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .thread_name("master-rpc")
+            .enable_all()
+            .build(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! by `build.rs`. [`PROTOCOL`] versions the messages; a client's first call,
 //! `Hello`, compares it and the store versions and fails with both named.
 
+pub mod coalesce;
 pub mod messages;
 
 #[allow(
