@@ -28,8 +28,8 @@ fn real_cuda_memory_exports_as_a_dma_buf_of_its_allocation() {
     let p = rt.malloc(len).unwrap();
     // A range inside the allocation: the export names the whole allocation.
     let buf = dmabuf::export(&rt, p + (2 << 20), 1 << 20).unwrap();
-    assert_eq!(buf.offset, 2 << 20);
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", buf.fd.as_raw_fd())).unwrap();
+    assert_eq!(buf.offset(), 2 << 20);
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", buf.fd().as_raw_fd())).unwrap();
     println!("exported {p:#x}+{len}: fd -> {}", link.display());
     assert!(link.to_string_lossy().contains("dmabuf"), "{link:?}");
     // Outside any allocation: refused with the driver's error, no fd.

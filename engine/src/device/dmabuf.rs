@@ -13,7 +13,7 @@
 //! the application's thread, where the framework that allocated the tensor has one.
 
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::OnceLock;
 
 use libloading::Library;
@@ -30,13 +30,48 @@ type AddressRange = unsafe extern "C" fn(*mut u64, *mut usize, u64) -> c_int;
 type HandleForRange = unsafe extern "C" fn(*mut c_void, u64, usize, c_int, c_ulonglong) -> c_int;
 
 /// A dma-buf covering a device range: `offset` is where the range starts in it.
+///
+/// Made only by [`export`], from the driver's answer: the file is a dma-buf of the whole
+/// allocation holding `[addr, addr+len)`, which lies at `offset..offset+len` in it. That
+/// is what `ibv_reg_dmabuf_mr` needs to be told (the RDMA backend registers exactly that
+/// part of it).
 #[derive(Debug)]
 pub struct DmaBuf {
     /// The exported file; closing it after registration is fine (the MR holds the
     /// buffer).
-    pub fd: OwnedFd,
+    fd: OwnedFd,
     /// Offset of the asked-for pointer in the exported allocation.
-    pub offset: u64,
+    offset: u64,
+    /// The device range it was exported for.
+    addr: u64,
+    len: u64,
+}
+
+impl DmaBuf {
+    /// The exported file.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Where the asked-for range starts in the exported allocation.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Start of the device range it was exported for.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length of the device range it was exported for.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 struct Driver {
@@ -148,5 +183,7 @@ pub fn export(rt: &Runtime, ptr: u64, len: u64) -> Result<DmaBuf, String> {
     Ok(DmaBuf {
         fd,
         offset: ptr - base,
+        addr: ptr,
+        len,
     })
 }

@@ -284,10 +284,11 @@ impl TransferEngine {
         let region = self.inner.memory.register(addr, len, &location)?;
         for (i, t) in self.inner.transports.iter().enumerate() {
             if let Err(e) = t.on_register(&region) {
-                let region = self.inner.memory.unregister(addr)?;
-                for done in self.inner.transports.iter().take(i) {
-                    done.on_unregister(&region);
-                }
+                self.inner.memory.unregister(addr, |region| {
+                    for done in self.inner.transports.iter().take(i) {
+                        done.on_unregister(region);
+                    }
+                })?;
                 return Err(e.into());
             }
         }
@@ -298,10 +299,13 @@ impl TransferEngine {
     /// it: peer connections in the middle of an access to it are cut (the peer sees its
     /// request fail), not waited for.
     pub fn unregister_memory(&self, addr: u64) -> Result<(), EngineError> {
-        let region = self.inner.memory.unregister(addr)?;
-        for t in &self.inner.transports {
-            t.on_unregister(&region);
-        }
+        // The transports release the region (RDMA deregisters it from the HCAs, which
+        // gives back its leases) once no engine thread touches it any more.
+        self.inner.memory.unregister(addr, |region| {
+            for t in &self.inner.transports {
+                t.on_unregister(region);
+            }
+        })?;
         Ok(self.inner.store.publish(&self.inner.local_desc())?)
     }
 
@@ -674,11 +678,11 @@ impl Drop for TransferEngine {
         // wait until they let go, so the caller may free that memory once this returns.
         // (Connections to peers, and with them every access to local buffers, are closed
         // and joined when the transports drop with `inner`.)
-        for region in self.inner.memory.unregister_all() {
+        self.inner.memory.unregister_all(|region| {
             for t in &self.inner.transports {
-                t.on_unregister(&region);
+                t.on_unregister(region);
             }
-        }
+        });
         // Remove our entries from the metadata store (a no-op in P2P mode).
         self.inner.store.leave();
     }

@@ -3,11 +3,14 @@
 //! Lookups take a read lock on a `BTreeMap` keyed by start address, so a
 //! bounds check is one `range(..=addr).next_back()`. A region is pinned
 //! ([`Pin`]) while a transfer touches it, by a holder that can be aborted (a
-//! connection). Unregistering removes the region from the map, retires it so
-//! no new pin is granted, aborts the holders of the pins still out (their I/O
-//! stops at once, whatever the peer does) and waits for those pins to drop:
-//! memory is never accessed after `unregister` returns, and no peer can hold
-//! the call up. No lock is held while it waits.
+//! connection), and leased ([`Lease`]) to a device that reaches it without our
+//! threads (an HCA's memory registration). Unregistering removes the region from
+//! the map, retires it so no new pin or lease is granted, aborts the holders of
+//! the pins still out (their I/O stops at once, whatever the peer does) and waits
+//! for those pins to drop, then has the transports give their leases back
+//! (deregistering from their devices) and waits for that: memory is never
+//! accessed after `unregister` returns, and no peer can hold the call up. No lock
+//! is held while it waits.
 
 // Peer input is parsed here: an index out of range must be an error, never a panic.
 #![deny(clippy::indexing_slicing)]
@@ -87,6 +90,9 @@ pub struct Region {
     /// Guards `unpinned`: `unregister` waits there for the last pins to drop.
     idle: Mutex<()>,
     unpinned: Condvar,
+    /// Leases out; `unregister` waits on `returned` for the last to be given back.
+    leases: Mutex<usize>,
+    returned: Condvar,
 }
 
 /// Shards of a region's pins, a power of two.
@@ -118,6 +124,8 @@ impl Region {
             shards: std::array::from_fn(|_| PinShard::default()),
             idle: Mutex::new(()),
             unpinned: Condvar::new(),
+            leases: Mutex::new(0),
+            returned: Condvar::new(),
         }
     }
 
@@ -159,6 +167,45 @@ impl Region {
             region: self.clone(),
             key,
         })
+    }
+
+    /// Leases the region to a device that reaches it on its own (an HCA's memory
+    /// registration, which peers' NICs use with no thread of ours involved); `None` once
+    /// it is being unregistered. Unlike a pin, a lease is not cut: unregistering waits for
+    /// it after the transports' release step, which gives it back.
+    pub fn lease(self: &Arc<Self>) -> Option<Lease> {
+        let mut leases = self.leases.lock();
+        // Read under the lock that `wait_for_leases` counts under, as `pin` does.
+        if self.is_retired() {
+            return None;
+        }
+        *leases += 1;
+        Some(Lease {
+            region: self.clone(),
+        })
+    }
+
+    /// Waits until every lease of the retired region is given back.
+    fn wait_for_leases(&self) {
+        let mut leases = self.leases.lock();
+        let step = Duration::from_millis(100);
+        let mut waited = Duration::ZERO;
+        while *leases > 0 {
+            self.returned.wait_for(&mut leases, step);
+            waited += step;
+            // A lease is given back when its device registration is undone, which the
+            // transports do in their release step: one still out is a leak, and the
+            // memory must not go back to the registrant while a device may reach it.
+            if waited.as_millis() % 10_000 == 1_000 {
+                tracing::warn!(
+                    "unregister of {:#x}+{}: {} device registrations still hold the region {:?} after the transports' release step; waiting for them",
+                    self.addr,
+                    self.len,
+                    *leases,
+                    waited
+                );
+            }
+        }
     }
 
     /// The holders of the pins out now.
@@ -262,6 +309,48 @@ impl Drop for Pin {
     }
 }
 
+/// A registered region lent to a device that reaches it on its own, for as long as the
+/// lease lives: an HCA's memory registration holds one from `ibv_reg_mr` until
+/// `ibv_dereg_mr` has returned.
+///
+/// The registrant lends a region's memory from [`MemoryRegistry::register`] until
+/// [`MemoryRegistry::unregister`] returns (the premise every access to registered memory
+/// rests on, [`Pin::span`]'s included), and `unregister` does not return while a lease of
+/// the region is out. So while a lease lives, `[addr, addr+len)` stays mapped memory that
+/// nobody frees: that is what makes it sound to hand the range to a device. A lease that
+/// is never dropped keeps `unregister` waiting (and warning), never the memory at risk.
+#[derive(Debug)]
+pub struct Lease {
+    region: Arc<Region>,
+}
+
+impl Lease {
+    /// Start address of the leased range.
+    pub fn addr(&self) -> u64 {
+        self.region.addr
+    }
+
+    /// Length of the leased range.
+    pub fn len(&self) -> u64 {
+        self.region.len
+    }
+
+    /// Whether the leased range is empty (never: regions have a length).
+    pub fn is_empty(&self) -> bool {
+        self.region.len == 0
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut leases = self.region.leases.lock();
+        *leases = leases.saturating_sub(1);
+        if *leases == 0 {
+            self.region.returned.notify_all();
+        }
+    }
+}
+
 /// The set of registered regions.
 #[derive(Debug, Default)]
 pub struct MemoryRegistry {
@@ -307,25 +396,38 @@ impl MemoryRegistry {
     }
 
     /// Removes the region starting at `addr`; returns it once no access to it is in
-    /// progress, cutting the connections that still hold it.
-    pub fn unregister(&self, addr: u64) -> Result<Arc<Region>, MemoryError> {
+    /// progress, cutting the connections that still hold it. Once those pins are gone,
+    /// `release` runs (the transports undo what they prepared for the region, giving back
+    /// their [`Lease`]s), and the call returns once every lease is back.
+    pub fn unregister(
+        &self,
+        addr: u64,
+        release: impl FnOnce(&Arc<Region>),
+    ) -> Result<Arc<Region>, MemoryError> {
         let region = self
             .regions
             .write()
             .remove(&addr)
             .ok_or(MemoryError::NotRegistered(addr))?;
         region.retire();
+        release(&region);
+        region.wait_for_leases();
         Ok(region)
     }
 
     /// Unregisters every region, as [`unregister`](Self::unregister) does each (the engine
-    /// shutting down), and returns them.
-    pub fn unregister_all(&self) -> Vec<Arc<Region>> {
+    /// shutting down; `release` runs once per region, after every region is retired), and
+    /// returns them.
+    pub fn unregister_all(&self, release: impl Fn(&Arc<Region>)) -> Vec<Arc<Region>> {
         let regions: Vec<Arc<Region>> = std::mem::take(&mut *self.regions.write())
             .into_values()
             .collect();
         for r in &regions {
             r.retire();
+        }
+        for r in &regions {
+            release(r);
+            r.wait_for_leases();
         }
         regions
     }
@@ -396,10 +498,10 @@ mod tests {
         assert!(m.find(0x2000, 1).is_none(), "gap");
         assert!(m.find(0x1000, 0).is_none(), "zero length");
         assert!(m.find(u64::MAX, 2).is_none(), "wraps");
-        m.unregister(0x1000).unwrap();
+        m.unregister(0x1000, |_| {}).unwrap();
         assert!(m.find(0x1800, 1).is_none());
         assert_eq!(
-            m.unregister(0x1000).err(),
+            m.unregister(0x1000, |_| {}).err(),
             Some(MemoryError::NotRegistered(0x1000))
         );
         assert_eq!(m.snapshot(), vec![(0x3000, 0x100, "cpu:0".to_string())]);
@@ -417,7 +519,7 @@ mod tests {
         m.register(0x0800, 0x800, "*").unwrap();
         assert_eq!(m.register(0x9000, 0, "*").unwrap_err().code(), -1);
         assert_eq!(m.register(u64::MAX, 2, "*").unwrap_err().code(), -1);
-        assert_eq!(m.unregister(0x5).unwrap_err().code(), -3);
+        assert_eq!(m.unregister(0x5, |_| {}).unwrap_err().code(), -3);
     }
 
     #[derive(Debug)]
@@ -435,7 +537,7 @@ mod tests {
         let holder: Arc<dyn Abort> = Arc::new(Flag(Default::default()));
         let r = m.find(0x1000, 1).unwrap();
         drop(r.pin(&holder).unwrap());
-        m.unregister(0x1000).unwrap();
+        m.unregister(0x1000, |_| {}).unwrap();
         assert!(r.pin(&holder).is_none());
         assert!(m.pin(0x1000, 1, &holder).is_none());
     }
@@ -459,7 +561,7 @@ mod tests {
         assert!(m.pin_near(0x2000, 0, &holder, &mut last).is_none());
         // Unregistered and registered again at the same address, shorter: the kept
         // region is retired, and the new one's bounds apply.
-        m.unregister(0x2000).unwrap();
+        m.unregister(0x2000, |_| {}).unwrap();
         assert!(m.pin_near(0x2000, 0x10, &holder, &mut last).is_none());
         let again = m.register(0x2000, 0x20, "*").unwrap();
         let pin = m.pin_near(0x2000, 0x10, &holder, &mut last).unwrap();
@@ -502,7 +604,7 @@ mod tests {
                 })
                 .collect();
             std::thread::sleep(Duration::from_millis(2));
-            m.unregister(0x1000).unwrap();
+            m.unregister(0x1000, |_| {}).unwrap();
             assert_eq!(
                 inside.load(SeqCst),
                 0,
@@ -519,6 +621,39 @@ mod tests {
         }
     }
 
+    /// A lease is refused once the region is retired, and `unregister` returns only once
+    /// the release step gave back every lease (after the pins were gone).
+    #[test]
+    fn unregister_waits_for_the_leases_its_release_step_gives_back() {
+        let m = Arc::new(MemoryRegistry::new());
+        let r = m.register(0x1000, 0x100, "*").unwrap();
+        let lease = r.lease().unwrap();
+        assert_eq!((lease.addr(), lease.len()), (0x1000, 0x100));
+        let kept = std::sync::Mutex::new(Some(lease));
+        let region = m
+            .unregister(0x1000, |region| {
+                assert!(region.lease().is_none(), "leased while retired");
+                drop(kept.lock().unwrap().take());
+            })
+            .unwrap();
+        assert!(kept.lock().unwrap().is_none());
+        assert!(region.lease().is_none());
+        // A lease still out when the release step is done holds `unregister` up.
+        let r = m.register(0x2000, 0x100, "*").unwrap();
+        let late = r.lease().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let m2 = m.clone();
+        let t = std::thread::spawn(move || {
+            m2.unregister(0x2000, |_| {}).unwrap();
+            tx.send(()).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "returned while leased");
+        drop(late);
+        rx.recv().unwrap();
+        t.join().unwrap();
+    }
+
     #[test]
     fn unregister_aborts_holders_and_waits_for_their_pins() {
         let m = MemoryRegistry::new();
@@ -533,7 +668,7 @@ mod tests {
         let m = Arc::new(m);
         let m2 = m.clone();
         let t = std::thread::spawn(move || {
-            m2.unregister(0x1000).unwrap();
+            m2.unregister(0x1000, |_| {}).unwrap();
             tx.send(()).unwrap();
         });
         // The holder is told to let go; unregister waits until it has.

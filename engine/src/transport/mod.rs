@@ -353,7 +353,9 @@ pub trait Transport: Send + Sync {
     /// A region was unregistered and no engine thread touches it any more: release what
     /// [`on_register`](Self::on_register) prepared, and stop peers that reach it without
     /// us (the IPC transport waits, within `MC_IPC_REVOKE_TIMEOUT`, for same-host peers
-    /// to close their mappings). `unregister_memory` returns after this.
+    /// to close their mappings). `unregister_memory` returns after this, once every
+    /// [`Lease`](crate::memory::Lease) of the region is given back: a transport that
+    /// leased the region to a device (RDMA's memory registrations) drops its leases here.
     fn on_unregister(&self, _region: &Arc<Region>) {}
 
     /// Answers a peer's connection request (handshake type 0, upstream's RDMA endpoint

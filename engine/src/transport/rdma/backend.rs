@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 
+use crate::device::dmabuf::DmaBuf;
+use crate::memory::Lease;
 pub use crate::wire::rdma::Gid;
 
 /// A verbs call that failed, with the call and the reason.
@@ -108,28 +110,20 @@ pub trait Nic: Send + Sync {
     /// The port and GID the transport uses.
     fn port(&self) -> PortInfo;
 
-    /// Registers `[addr, addr+len)` for local write and remote read and write.
-    ///
-    /// # Safety
-    /// The range must stay mapped until [`deregister`](Self::deregister) returns: the HCA
-    /// (ours for local keys, a peer's for the remote key) may access it until then.
-    unsafe fn register(&self, addr: u64, len: u64) -> Result<MrKeys, BackendError>;
+    /// Registers the leased region for local write and remote read and write. The
+    /// backend keeps `lease` with the registration until
+    /// [`deregister`](Self::deregister) has undone it: the HCA (ours for local keys, a
+    /// peer's for the remote key) may access the range until then, and the lease is what
+    /// keeps the range lent memory for as long.
+    fn register(&self, lease: Lease) -> Result<MrKeys, BackendError>;
 
-    /// Registers `len` bytes at `offset` of the dma-buf `fd` (device memory the GPU
-    /// driver exported), addressed at `iova` by work requests and peers
-    /// (`ibv_reg_dmabuf_mr`). The default: not supported by this backend.
-    ///
-    /// # Safety
-    /// `fd` must be a dma-buf covering `offset..offset+len` whose memory stays allocated
-    /// until [`deregister`](Self::deregister) returns.
-    unsafe fn register_dmabuf(
-        &self,
-        fd: i32,
-        offset: u64,
-        len: u64,
-        iova: u64,
-    ) -> Result<MrKeys, BackendError> {
-        let _ = (fd, offset, len, iova);
+    /// Registers the leased region through `buf`, the dma-buf the GPU driver exported
+    /// for it (device memory; `ibv_reg_dmabuf_mr`), addressed at the region's address by
+    /// work requests and peers. `buf` must have been exported for exactly the leased
+    /// range (an error otherwise); the lease is kept as by [`register`](Self::register).
+    /// The default: not supported by this backend.
+    fn register_dmabuf(&self, lease: Lease, buf: &DmaBuf) -> Result<MrKeys, BackendError> {
+        let _ = (lease, buf);
         Err(BackendError("dma-buf registration is not supported".into()))
     }
 
@@ -154,10 +148,15 @@ pub trait QueuePair: Send + Sync {
 
     /// Posts one signaled work request.
     ///
-    /// # Safety
-    /// `[wr.local, wr.local+wr.len)` must stay valid, registered under `wr.lkey`, until its
-    /// completion is polled.
-    unsafe fn post(&self, wr: &WorkRequest) -> Result<(), BackendError>;
+    /// Whatever its fields, a request reaches only registered memory: one whose local
+    /// range is not inside a live registration of `wr.lkey` on this queue pair's HCA fails
+    /// (refused here, or with an error completion) without touching memory, and a peer's
+    /// HCA checks the remote range against its remote key the same way. Registrations
+    /// hold their region's [`Lease`] until deregistered, and deregistering stops the HCA
+    /// first, so no request reaches memory that is not lent to it. (The transport still
+    /// holds the slice until the completion is polled: that is the engine's memory
+    /// contract, not this call's.)
+    fn post(&self, wr: &WorkRequest) -> Result<(), BackendError>;
 
     /// Moves the queue pair to ERROR: every outstanding request completes as
     /// [`WcStatus::Flushed`] and none touches memory any more.

@@ -19,6 +19,7 @@ use super::backend::{
     BackendError, Completion, Gid, MrKeys, Nic, PortInfo, QueuePair, RdmaOp, RemoteQp, WcStatus,
     WorkRequest,
 };
+use crate::memory::Lease;
 
 /// A fabric of fake HCAs in this process.
 #[derive(Debug, Clone, Default)]
@@ -47,10 +48,10 @@ struct NicState {
     executed: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// A registration: the lease keeps its range lent memory until it is deregistered.
+#[derive(Debug)]
 struct Mr {
-    addr: u64,
-    len: u64,
+    lease: Lease,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,14 +195,14 @@ impl Nic for FakeNic {
         }
     }
 
-    unsafe fn register(&self, addr: u64, len: u64) -> Result<MrKeys, BackendError> {
+    fn register(&self, lease: Lease) -> Result<MrKeys, BackendError> {
         let mut f = self.fabric.lock();
         if f.nics.get(self.idx).is_some_and(|n| n.failed) {
             return Err(BackendError(format!("ibv_reg_mr on {}: EIO", self.name)));
         }
         f.next_key += 1;
         let key = f.next_key;
-        f.mrs.insert((self.idx, key), Mr { addr, len });
+        f.mrs.insert((self.idx, key), Mr { lease });
         Ok(MrKeys {
             lkey: key,
             rkey: key,
@@ -301,7 +302,10 @@ fn execute(f: &mut Fabric, nic: usize, qp: u32, wr: &WorkRequest) -> WcStatus {
     }
     let len = u64::from(wr.len);
     let inside = |m: Option<&Mr>, addr: u64| {
-        m.is_some_and(|m| addr >= m.addr && addr.saturating_add(len) <= m.addr + m.len)
+        m.is_some_and(|m| {
+            let (start, end) = (m.lease.addr(), m.lease.addr() + m.lease.len());
+            addr >= start && addr.saturating_add(len) <= end
+        })
     };
     if !inside(f.mrs.get(&(nic, wr.lkey)), wr.local) {
         return WcStatus::Other("IBV_WC_LOC_PROT_ERR".into());
@@ -319,9 +323,10 @@ fn execute(f: &mut Fabric, nic: usize, qp: u32, wr: &WorkRequest) -> WcStatus {
         RdmaOp::Read => (wr.remote, wr.local),
     };
     // SAFETY: both ranges lie inside live registrations of this process (checked above
-    // under the fabric lock, which deregistration takes); registrants vouch that
-    // registered memory stays mapped until deregistered (`Nic::register`). `copy` allows
-    // the two ranges to overlap (a loopback write).
+    // under the fabric lock, which deregistration takes, and still held); each holds the
+    // `Lease` of its region, which keeps the range lent memory (mapped, never freed)
+    // while it lives. No Rust reference covers registered memory. `copy` allows the two
+    // ranges to overlap (a loopback write).
     unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, wr.len as usize) };
     WcStatus::Success
 }
@@ -375,7 +380,7 @@ impl QueuePair for FakeQp {
         Ok(())
     }
 
-    unsafe fn post(&self, wr: &WorkRequest) -> Result<(), BackendError> {
+    fn post(&self, wr: &WorkRequest) -> Result<(), BackendError> {
         let mut f = self.fabric.lock();
         let q = f
             .qps

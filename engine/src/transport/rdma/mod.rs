@@ -49,7 +49,7 @@ mod worker;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -160,6 +160,8 @@ impl Connector for HandshakeConnector {
 /// staged region.
 #[derive(Debug)]
 struct RegionKeys {
+    /// The region they belong to (another may be registered at the same address later).
+    region: Weak<Region>,
     len: u64,
     location: String,
     keys: Vec<MrKeys>,
@@ -726,9 +728,28 @@ impl Transport for RdmaTransport {
 
     fn on_register(&self, region: &Arc<Region>) -> Result<(), TransportError> {
         let (keys, how) = register::register(&self.shared, region)?;
-        self.shared.regions.write().insert(
+        let mut regions = self.shared.regions.write();
+        if regions.contains_key(&region.addr) {
+            // A region unregistered from this address whose release has not run yet: its
+            // memory regions hold leases that its unregister waits for, so they must not
+            // be lost under the new entry.
+            drop(regions);
+            for (nic, k) in self.shared.nics.iter().zip(&keys) {
+                nic.deregister(*k);
+            }
+            return Err(TransportError::Register {
+                addr: region.addr,
+                len: region.len,
+                protocol: PROTOCOL,
+                reason: "the region registered before at this address is still being \
+                         unregistered; try again once that returns"
+                    .into(),
+            });
+        }
+        regions.insert(
             region.addr,
             RegionKeys {
+                region: Arc::downgrade(region),
                 len: region.len,
                 location: region.location.clone(),
                 keys,
@@ -740,8 +761,17 @@ impl Transport for RdmaTransport {
 
     fn on_unregister(&self, region: &Arc<Region>) {
         // The region is retired: our slices on it were flushed or completed before its
-        // pins dropped. Deregistering stops peers' NICs (see the module doc).
-        let removed = self.shared.regions.write().remove(&region.addr);
+        // pins dropped. Deregistering stops peers' NICs (see the module doc) and gives the
+        // region's leases back, which `unregister` waits for.
+        let removed = {
+            let mut regions = self.shared.regions.write();
+            match regions.get(&region.addr) {
+                Some(r) if std::ptr::eq(r.region.as_ptr(), Arc::as_ptr(region)) => {
+                    regions.remove(&region.addr)
+                }
+                _ => None,
+            }
+        };
         if let Some(r) = removed {
             for (nic, keys) in self.shared.nics.iter().zip(&r.keys) {
                 nic.deregister(*keys);

@@ -26,10 +26,12 @@
 //!    engine with `MC_FORCE_HCA=1` fails requests to a peer's staged buffer with the
 //!    reason instead of using TCP.
 
-use super::backend::{MrKeys, Nic};
+use std::sync::Arc;
+
+use super::backend::{BackendError, MrKeys, Nic};
 use super::{Shared, PROTOCOL};
 use crate::device::Vendor;
-use crate::memory::Region;
+use crate::memory::{Lease, Region};
 use crate::transport::TransportError;
 
 /// How a region reached the HCAs.
@@ -56,7 +58,7 @@ pub(crate) fn peer_memory_module(vendor: Vendor) -> &'static str {
 /// Registers `region` with every HCA of `shared` (device order), as the module doc says.
 pub(crate) fn register(
     shared: &Shared,
-    region: &Region,
+    region: &Arc<Region>,
 ) -> Result<(Vec<MrKeys>, Registration), TransportError> {
     let error = |reason: String| TransportError::Register {
         addr: region.addr,
@@ -65,9 +67,9 @@ pub(crate) fn register(
         reason,
     };
     let nics = &shared.nics;
-    // SAFETY: the registrant vouched that the region stays mapped until it is
-    // unregistered; `on_unregister` deregisters before the engine hands it back.
-    let plain = on_every_nic(nics, |nic| unsafe { nic.register(region.addr, region.len) });
+    // Each memory region holds a lease of the region until `on_unregister` (or the
+    // transport's drop) deregisters it; unregistering waits for the leases.
+    let plain = on_every_nic(nics, region, |nic, lease| nic.register(lease));
     let Some((vendor, _)) = region.device else {
         return plain.map(|k| (k, Registration::Host)).map_err(|e| {
             error(format!(
@@ -117,14 +119,20 @@ pub(crate) fn register(
     Ok((Vec::new(), Registration::Staged))
 }
 
-/// Runs `reg` on every HCA; on a failure, deregisters what succeeded and names the HCA.
+/// Runs `reg` on every HCA with a new lease of `region`; on a failure, deregisters what
+/// succeeded and names the HCA.
 fn on_every_nic(
-    nics: &[std::sync::Arc<dyn Nic>],
-    reg: impl Fn(&dyn Nic) -> Result<MrKeys, super::backend::BackendError>,
+    nics: &[Arc<dyn Nic>],
+    region: &Arc<Region>,
+    reg: impl Fn(&dyn Nic, Lease) -> Result<MrKeys, BackendError>,
 ) -> Result<Vec<MrKeys>, String> {
     let mut keys = Vec::with_capacity(nics.len());
     for nic in nics {
-        match reg(nic.as_ref()) {
+        let registered = match region.lease() {
+            Some(lease) => reg(nic.as_ref(), lease),
+            None => Err(BackendError("the region is being unregistered".into())),
+        };
+        match registered {
             Ok(k) => keys.push(k),
             Err(e) => {
                 for (n, k) in nics.iter().zip(&keys) {
@@ -138,15 +146,9 @@ fn on_every_nic(
 }
 
 /// dma-buf registration of `region` on every HCA; the error says what refused.
-fn dmabuf(nics: &[std::sync::Arc<dyn Nic>], region: &Region) -> Result<Vec<MrKeys>, String> {
-    use std::os::fd::AsRawFd;
+fn dmabuf(nics: &[Arc<dyn Nic>], region: &Arc<Region>) -> Result<Vec<MrKeys>, String> {
     let rt = crate::device::runtime().map_err(|e| e.to_string())?;
     let buf = crate::device::dmabuf::export(&rt, region.addr, region.len)?;
     // The fd is closed when `buf` drops: each memory region holds the buffer itself.
-    on_every_nic(nics, |nic| {
-        // SAFETY: the dma-buf covers the region's allocation, which stays allocated until
-        // the region is unregistered (the registrant vouched for it), after which
-        // `on_unregister` has deregistered.
-        unsafe { nic.register_dmabuf(buf.fd.as_raw_fd(), buf.offset, region.len, region.addr) }
-    })
+    on_every_nic(nics, region, |nic, lease| nic.register_dmabuf(lease, &buf))
 }

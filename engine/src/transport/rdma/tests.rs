@@ -500,11 +500,38 @@ fn unregister_waits_for_the_flush_and_deregisters() {
     let batch = a.transfer(&b, OpCode::Write, 0, 4 * 65536);
     assert_eq!(wait_in_flight(&fabric, "a0", 4), 4);
     let before = fabric.registrations();
-    let region = a.memory.unregister(a.buf.addr()).unwrap();
-    assert_eq!(fabric.queued("a0"), 0, "unregister cut the endpoint first");
-    a.t.on_unregister(&region);
+    a.memory
+        .unregister(a.buf.addr(), |region| {
+            assert_eq!(fabric.queued("a0"), 0, "unregister cut the endpoint first");
+            assert!(region.lease().is_none(), "leased while being unregistered");
+            a.t.on_unregister(region);
+        })
+        .unwrap();
     assert_eq!(fabric.registrations(), before - 1);
     assert!(batch.wait().is_err());
+}
+
+/// The HCAs' memory regions lease the region: unregistering does not return before the
+/// transport has deregistered it, so no NIC (ours or a peer's) reaches memory that went
+/// back to its owner.
+#[test]
+fn unregister_returns_only_once_the_hcas_let_go_of_the_region() {
+    let (fabric, _net, a, _b) = pair(RdmaParams::default());
+    let before = fabric.registrations();
+    let (memory, addr) = (&a.memory, a.buf.addr());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            // A release step that does not deregister.
+            memory.unregister(addr, |_| {}).unwrap();
+            tx.send(()).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(rx.try_recv().is_err(), "returned while still registered");
+        a.t.on_unregister(&a.region);
+        rx.recv().unwrap();
+    });
+    assert_eq!(fabric.registrations(), before - 1);
 }
 
 #[test]

@@ -1,7 +1,14 @@
 //! The real backend: [`Nic`] and [`QueuePair`] over the run-time loaded verbs
 //! ([`crate::verbs`]). One context, protection domain and completion queue per HCA.
+//!
+//! The trait's methods are safe; this adapter meets the contracts of the verbs calls
+//! beneath them. A memory region is registered over a [`Lease`] of a registered region
+//! and keeps it until `ibv_dereg_mr` has returned, so the range stays lent memory while
+//! the HCA may reach it; a work request is posted only when its local range lies inside
+//! a live registration of its local key, checked under the lock that deregistration takes.
 
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -12,6 +19,8 @@ use super::backend::{
     WorkRequest,
 };
 use super::RdmaParams;
+use crate::device::dmabuf::DmaBuf;
+use crate::memory::Lease;
 use crate::verbs::{
     access, Context, Cq, Mr, Mtu, Pd, Qp, QpCaps, RtrAttr, RtsAttr, SendWr, Verbs, WrOp,
 };
@@ -36,12 +45,27 @@ pub struct VerbsNic {
     max_wr: u32,
     pd: Arc<Pd>,
     cq: Arc<Cq>,
-    /// Registrations by handle; dropping an [`Mr`] deregisters it.
-    mrs: Mutex<HashMap<u64, Mr>>,
+    /// The live registrations; the queue pairs check their requests against them.
+    mrs: Registrations,
     next_mr: AtomicU64,
     // Destroyed last (field order): the context outlives its objects anyway (they hold
     // `Arc`s of it), this keeps it named.
     _ctx: Arc<Context>,
+}
+
+/// The live registrations of one HCA, by local key (unique among an HCA's live memory
+/// regions).
+type Registrations = Arc<Mutex<HashMap<u32, Registration>>>;
+
+/// One live registration; dropping it deregisters the region, then gives its lease back.
+struct Registration {
+    /// The [`MrKeys::handle`] it was handed out under.
+    handle: u64,
+    /// Dropped first (field order): `ibv_dereg_mr` returns once the HCA no longer
+    /// accesses the range.
+    mr: Mr,
+    /// Keeps the range lent memory until then.
+    _lease: Lease,
 }
 
 impl std::fmt::Debug for VerbsNic {
@@ -98,7 +122,7 @@ impl VerbsNic {
             max_wr: u32::try_from(params.max_wr).unwrap_or(u32::MAX),
             pd,
             cq,
-            mrs: Mutex::new(HashMap::new()),
+            mrs: Arc::new(Mutex::new(HashMap::new())),
             next_mr: AtomicU64::new(1),
             _ctx: ctx,
         })
@@ -106,18 +130,36 @@ impl VerbsNic {
 }
 
 impl VerbsNic {
-    /// Keeps `mr` until its keys are deregistered.
-    fn keep(&self, mr: Mr) -> MrKeys {
+    /// Keeps `mr`, with the lease of its range, until its keys are deregistered.
+    fn keep(&self, mr: Mr, lease: Lease) -> Result<MrKeys, BackendError> {
         let handle = self.next_mr.fetch_add(1, Ordering::Relaxed);
         let keys = MrKeys {
             lkey: mr.lkey(),
             rkey: mr.rkey(),
             handle,
         };
-        self.mrs.lock().insert(handle, mr);
-        keys
+        let reg = Registration {
+            handle,
+            mr,
+            _lease: lease,
+        };
+        let mut mrs = self.mrs.lock();
+        if mrs.contains_key(&keys.lkey) {
+            drop(mrs);
+            // Deregistered again outside the lock: `ibv_dereg_mr` may wait for the HCA.
+            drop(reg);
+            return Err(BackendError(format!(
+                "{}: the new memory region's local key {:#x} is a live one's",
+                self.name, keys.lkey
+            )));
+        }
+        mrs.insert(keys.lkey, reg);
+        Ok(keys)
     }
 }
+
+/// Local write for our READs, remote read and write for peers.
+const MR_ACCESS: u32 = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
 
 impl Nic for VerbsNic {
     fn name(&self) -> &str {
@@ -128,47 +170,64 @@ impl Nic for VerbsNic {
         self.port
     }
 
-    unsafe fn register(&self, addr: u64, len: u64) -> Result<MrKeys, BackendError> {
-        let len = usize::try_from(len).map_err(|_| BackendError("length too large".into()))?;
-        // SAFETY: forwarded from the caller (the range stays mapped until `deregister`).
-        let mr = unsafe {
-            self.pd.reg_mr(
-                addr,
-                len,
-                access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ,
-            )
-        }
-        .map_err(|e| BackendError(e.to_string()))?;
-        Ok(self.keep(mr))
+    fn register(&self, lease: Lease) -> Result<MrKeys, BackendError> {
+        let len =
+            usize::try_from(lease.len()).map_err(|_| BackendError("length too large".into()))?;
+        // SAFETY: `reg_mr` asks for memory of this process that stays mapped until the `Mr`
+        // is dropped, and that nothing relies on while peers may write it. The range is a
+        // registered region under `lease`, which keeps it lent (mapped, never freed) for
+        // as long as the lease lives (`memory::Lease`); `keep` stores the lease with the
+        // `Mr`, and a `Registration` drops its `Mr` first. Its registrant lent it for peers
+        // to read and write: no Rust reference covers registered memory.
+        let mr = unsafe { self.pd.reg_mr(lease.addr(), len, MR_ACCESS) }
+            .map_err(|e| BackendError(e.to_string()))?;
+        self.keep(mr, lease)
     }
 
-    unsafe fn register_dmabuf(
-        &self,
-        fd: i32,
-        offset: u64,
-        len: u64,
-        iova: u64,
-    ) -> Result<MrKeys, BackendError> {
-        let len = usize::try_from(len).map_err(|_| BackendError("length too large".into()))?;
-        // SAFETY: forwarded from the caller (the dma-buf covers the range and its memory
-        // stays allocated until `deregister`).
+    fn register_dmabuf(&self, lease: Lease, buf: &DmaBuf) -> Result<MrKeys, BackendError> {
+        if (buf.addr(), buf.len()) != (lease.addr(), lease.len()) {
+            return Err(BackendError(format!(
+                "the dma-buf was exported for {:#x}+{}, not for the region {:#x}+{}",
+                buf.addr(),
+                buf.len(),
+                lease.addr(),
+                lease.len()
+            )));
+        }
+        let len =
+            usize::try_from(lease.len()).map_err(|_| BackendError("length too large".into()))?;
+        // SAFETY: `reg_dmabuf_mr` asks for a dma-buf that covers `offset..offset+len` and
+        // stays exported until the `Mr` is dropped. Only `dmabuf::export` makes a `DmaBuf`:
+        // the driver's dma-buf of the whole allocation holding the range it was exported
+        // for, which lies at `offset()..offset()+len` in it; that range is the leased
+        // region (checked above), registered at its own address as the iova. The fd is
+        // open for the call (borrowed from `buf`); the memory region holds its own
+        // reference to the dma-buf from then on, and the memory behind it stays allocated
+        // while the lease lives, kept with the `Mr` as in `register`.
         let mr = unsafe {
             self.pd.reg_dmabuf_mr(
-                offset,
+                buf.offset(),
                 len,
-                iova,
-                fd,
-                access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ,
+                lease.addr(),
+                buf.fd().as_raw_fd(),
+                MR_ACCESS,
             )
         }
         .map_err(|e| BackendError(e.to_string()))?;
-        Ok(self.keep(mr))
+        self.keep(mr, lease)
     }
 
     fn deregister(&self, keys: MrKeys) {
-        // Dropped outside the lock: `ibv_dereg_mr` may wait for the HCA.
-        let mr = self.mrs.lock().remove(&keys.handle);
-        drop(mr);
+        let reg = {
+            let mut mrs = self.mrs.lock();
+            match mrs.get(&keys.lkey) {
+                Some(r) if r.handle == keys.handle => mrs.remove(&keys.lkey),
+                _ => None,
+            }
+        };
+        // Dropped outside the lock: `ibv_dereg_mr` may wait for the HCA. The lease goes
+        // back after it.
+        drop(reg);
     }
 
     fn create_qp(&self, max_wr: u32) -> Result<Arc<dyn QueuePair>, BackendError> {
@@ -187,6 +246,7 @@ impl Nic for VerbsNic {
             port: self.port_num,
             gid_index: self.port.gid_index,
             path_mtu: self.path_mtu,
+            mrs: self.mrs.clone(),
         }))
     }
 
@@ -227,6 +287,8 @@ struct VerbsQp {
     port: u8,
     gid_index: u8,
     path_mtu: Mtu,
+    /// Its HCA's live registrations (of the protection domain the queue pair is in).
+    mrs: Registrations,
 }
 
 impl QueuePair for VerbsQp {
@@ -260,8 +322,8 @@ impl QueuePair for VerbsQp {
         self.qp.to_rts(&RtsAttr::default()).map_err(err)
     }
 
-    unsafe fn post(&self, wr: &WorkRequest) -> Result<(), BackendError> {
-        let wr = SendWr {
+    fn post(&self, wr: &WorkRequest) -> Result<(), BackendError> {
+        let send = SendWr {
             wr_id: wr.wr_id,
             op: match wr.op {
                 RdmaOp::Write => WrOp::Write,
@@ -274,9 +336,33 @@ impl QueuePair for VerbsQp {
             rkey: wr.rkey,
             signaled: true,
         };
-        // SAFETY: forwarded from the caller (the range stays registered and valid until
-        // the completion is polled).
-        unsafe { self.qp.post(&wr) }.map_err(|e| BackendError(e.to_string()))
+        // Held while the request is posted: its registration cannot go meanwhile.
+        let mrs = self.mrs.lock();
+        let inside = mrs.get(&wr.lkey).is_some_and(|r| {
+            let (start, len) = (r.mr.addr(), r.mr.len() as u64);
+            wr.local >= start
+                && wr
+                    .local
+                    .checked_add(u64::from(wr.len))
+                    .is_some_and(|end| end <= start.saturating_add(len))
+        });
+        if !inside {
+            return Err(BackendError(format!(
+                "ibv_post_send not called: {:#x}+{} is not inside a live registration of local key {:#x}",
+                wr.local, wr.len, wr.lkey
+            )));
+        }
+        // SAFETY: `Qp::post` asks that the local range lie in a region registered on this
+        // queue pair's protection domain under `wr.lkey`, with local write access, and stay
+        // valid while the HCA may touch it. Checked just above against this HCA's live
+        // registrations (all in this PD, all with LOCAL_WRITE), under the lock that
+        // deregistration takes. A registration keeps its region's lease until
+        // `ibv_dereg_mr` has returned, which is once the HCA no longer accesses the range
+        // (a request still outstanding then fails instead), so the range stays lent memory
+        // for as long. Registered memory is shared with peers by its registrant's terms
+        // (no Rust reference covers it): other accesses beside the request leave its
+        // bytes unspecified, not undefined.
+        unsafe { self.qp.post(&send) }.map_err(|e| BackendError(e.to_string()))
     }
 
     fn to_error(&self) {

@@ -537,11 +537,10 @@ impl Worker {
         };
         let wr_id = self.insert(inflight);
         let wr = WorkRequest { wr_id, ..wr };
-        // SAFETY: the slice is held (its batch entered, its local region pinned) with this
-        // endpoint as carrier until its completion is polled: the range stays valid and
-        // registered under `lkey` until then, and a cut flushes the request first.
-        let posted = unsafe { qp.post(&wr) };
-        match posted {
+        // The slice stays held (its batch entered, its local region pinned) with this
+        // endpoint as carrier until its completion is polled, so a drain or an unregister
+        // cuts the endpoint and waits for the flush before the memory goes back.
+        match qp.post(&wr) {
             Ok(()) => {
                 if let Some(ep) = self.eps.get_mut(&ep_id) {
                     ep.outstanding += 1;
