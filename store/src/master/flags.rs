@@ -253,7 +253,7 @@ const FLAGS: &[Flag] = &[
     served("enable_ha", Ty::Bool, "false", "run as one of several masters, the leader elected through etcd"),
     served("etcd_endpoints", Ty::Str, "", "etcd for --enable_ha: host:port, separated by ';' (or ',')"),
     served("cluster_id", Ty::Str, "mooncake_cluster", "the masters' cluster name in etcd"),
-    served("rpc_thread_num", Ty::Int, "0", "RPC threads (0: 2; 1: every call read, served and answered on one thread)"),
+    served("rpc_thread_num", Ty::Int, "0", "RPC threads (0: 1, every call read, served and answered on one thread; more for masters of many busy clients)"),
     // Upstream's own threads, timeouts, allocators and logging.
     ignored("max_threads", Ty::Int, "16", "upstream's thread count (use --rpc_thread_num)"),
     ignored("rpc_enable_tcp_no_delay", Ty::Bool, "true", "upstream's TCP_NODELAY switch (always on here)"),
