@@ -16,6 +16,9 @@
 #   wheel          the wheel (scripts/build-wheel.sh) unzipped into wheel/, its .so stripped
 #   copy-ceiling   scripts/lib/copy-ceiling.c built static
 #   iperf          this host's iperf3 and the libraries the GPU host lacks, into iperf/
+#   store-upstream upstream's store for the `store` benchmark: mooncake-transfer-engine-non-cuda
+#                  0.3.13.post1 (cp312) trimmed to `mooncake.store` and `mooncake_master`,
+#                  stripped, with the Debian libraries it needs, as store-upstream.tar.xz
 # Upstream (mooncake-transfer-engine-cuda13 0.3.14) is .devcarry/, made by
 # ../shared/tools/carry-upstream-for-gpu-host.sh.
 #
@@ -41,6 +44,8 @@
 #                  AnonHugePages 1 s in
 #   metrics-ab     metrics off (bench-no-metrics) against on (bench), 4 KiB latency, N rounds
 #                  (10) of DURATION (2) s, pinned to CPUS (0-15): scripts/metrics-ab.sh
+#   store          Mooncake Store, ours (wheel) against upstream's (store-upstream), host memory
+#                  over TCP: bench/store/store_bench.py --raw, N rounds (3) of DURATION (3) s
 #   ipc            same-host GPU IPC against native copy loops and TCP, kind nvidia-h200-x2
 #                  (tests/gpu/run_ipc_on_device.sh --threads, the wheel from $CARRY); with
 #                  .devcarry/, the nvlink_intra interop with upstream too
@@ -83,7 +88,27 @@ prepare() {
             rm -rf "$CARRY/iperf" && mkdir -p "$CARRY/iperf"
             cp "$bin" "$CARRY/iperf/"
             ldd "$bin" | awk '/libiperf|libsctp/ {print $3}' | xargs -r cp -L -t "$CARRY/iperf/" ;;
-        *) die "unknown part '$p' (bench no-metrics wheel copy-ceiling iperf)" ;;
+        store-upstream)
+            local t
+            t=$(mktemp -d)
+            python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+                --implementation cp --platform manylinux_2_28_x86_64 -d "$t" \
+                mooncake-transfer-engine-non-cuda==0.3.13.post1
+            mkdir -p "$t/w" "$t/up/mooncake" "$t/up/libs"
+            (cd "$t/w" && python3 -m zipfile -e "$t"/*.whl .)
+            cp "$t"/w/mooncake/*.py "$t"/w/mooncake/{store.so,libasio.so,libetcd_wrapper.so,mooncake_master} "$t/up/mooncake/"
+            cp -r "$t"/w/mooncake_transfer_engine_non_cuda.libs "$t/up/"
+            chmod +x "$t/up/mooncake/mooncake_master"
+            strip "$t"/up/mooncake/*.so "$t/up/mooncake/mooncake_master" "$t"/up/mooncake_transfer_engine_non_cuda.libs/*
+            (cd "$t" && for d in libnuma1 libnghttp2-14 librtmp1 libssh2-1 libpsl5 libldap-2.5-0 libunistring2 \
+                libsasl2-2 libibverbs1 libnl-3-200 libnl-route-3-200; do apt-get download "$d" >/dev/null 2>&1 || die "apt-get download $d"; done
+             for d in ./*.deb; do dpkg -x "$d" x; done)
+            cp -a "$t"/x/usr/lib/x86_64-linux-gnu/*.so* "$t/up/libs/"
+            cp -a "$t"/x/lib/x86_64-linux-gnu/*.so* "$t/up/libs/" 2>/dev/null || true
+            cp -aL /usr/lib/x86_64-linux-gnu/libcurl.so.4 "$t/up/libs/"   # libcurl4: this host's
+            tar -C "$t" -cJf "$CARRY/store-upstream.tar.xz" up
+            rm -rf "$t" ;;
+        *) die "unknown part '$p' (bench no-metrics wheel copy-ceiling iperf store-upstream)" ;;
         esac
     done
     du -sh --apparent-size "$CARRY" .devcarry 2>/dev/null >&2 || true
@@ -212,6 +237,23 @@ b_metrics_ab() {
         timeout 550 bash scripts/metrics-ab.sh "${1:-10}"
 }
 
+b_store() {  # wrappers give each store a `python` and a `mooncake_master` side by side
+    local w=/tmp/bench-store u
+    [ -d "$CARRY/wheel" ] || die "no $CARRY/wheel: scripts/bench-device.sh prepare wheel"
+    [ -f "$CARRY/store-upstream.tar.xz" ] || die "no $CARRY/store-upstream.tar.xz: scripts/bench-device.sh prepare store-upstream"
+    rm -rf "$w" && mkdir -p "$w/ours" "$w/upstream"
+    tar -C "$w" -xJf "$CARRY/store-upstream.tar.xz"
+    u=$w/up
+    printf '#!/bin/sh\nPYTHONPATH=%s exec python3 "$@"\n' "$CARRY/wheel" >"$w/ours/python"
+    printf '#!/bin/sh\nPYTHONPATH=%s exec python3 -c "import sys; sys.argv[0] = %s; from mooncake._cli import mooncake_master; mooncake_master()" "$@"\n' \
+        "$CARRY/wheel" "'mooncake_master'" >"$w/ours/mooncake_master"
+    printf '#!/bin/sh\nPYTHONPATH=%s LD_LIBRARY_PATH=%s exec python3 "$@"\n' "$u" "$u/libs" >"$w/upstream/python"
+    printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$u/libs" "$u/mooncake/mooncake_master" >"$w/upstream/mooncake_master"
+    chmod +x "$w"/ours/* "$w"/upstream/*
+    timeout 550 python3 bench/store/store_bench.py --ours "$w/ours/python" --upstream "$w/upstream/python" \
+        --rounds "${1:-3}" --seconds "${DURATION:-3}" --raw 2>&1 | tee "$O/store.log"
+}
+
 b_ipc() {
     local h
     [ -d "$CARRY/wheel" ] || die "no $CARRY/wheel: scripts/bench-device.sh prepare wheel"
@@ -233,10 +275,10 @@ git -C "$REPO" rev-parse --short HEAD 2>/dev/null
 for b in "${BENCHES[@]}"; do
     log "$b ${N:-(default rounds)} $(date -u +%T)"
     case $b in
-    table | link | gpu | iperf | fresh | ipc) "b_$b" $N ;;
+    table | link | gpu | iperf | fresh | store | ipc) "b_$b" $N ;;
     copy-ceiling) b_copy_ceiling $N ;;
     metrics-ab) b_metrics_ab $N ;;
-    *) die "unknown benchmark '$b' (table link gpu copy-ceiling iperf fresh metrics-ab ipc)" ;;
+    *) die "unknown benchmark '$b' (table link gpu copy-ceiling iperf fresh metrics-ab store ipc)" ;;
     esac
 done
 date -u
