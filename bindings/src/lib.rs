@@ -99,15 +99,17 @@ mod native {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("Read", super::py_types::PyTransferOpcode::Read)?;
         m.add("Write", super::py_types::PyTransferOpcode::Write)?;
-        // Device runtimes (CUDA, MUSA) are loaded at run time, so both builds are "on";
-        // the others are transports this engine does not have.
+        // Device runtimes (CUDA, MUSA) are loaded at run time, so both builds are "on", and
+        // so is "nvlink_intra" (same-host GPU IPC, served where a GPU runtime has devices;
+        // consumers gate that protocol on this flag); the others are transports this
+        // engine does not have.
         for (name, on) in [
             ("SUPPORT_CUDA", true),
             ("SUPPORT_MUSA", true),
             ("SUPPORT_EFA", false),
             ("SUPPORT_HIP", false),
             ("SUPPORT_MNNVL", false),
-            ("SUPPORT_INTRA_NVLINK", false),
+            ("SUPPORT_INTRA_NVLINK", true),
             // TCP, RDMA and GPU IPC serve side by side in one engine (upstream: a build
             // with ENABLE_MULTI_PROTOCOL).
             ("SUPPORT_MULTI_PROTOCOL", true),

@@ -80,10 +80,10 @@ pub enum PyScatterStatus {
     Completed = 0,
     /// A range failed; nothing of the operation is in flight any more.
     #[pyo3(name = "FAILED_DRAINED")]
-    FailedDrained = 1,
+    FailedDrained = -1,
     /// Still in flight (not drained yet, or the last drain timed out).
     #[pyo3(name = "COMPLETION_UNKNOWN")]
-    CompletionUnknown = 2,
+    CompletionUnknown = -2,
 }
 
 #[pymethods]

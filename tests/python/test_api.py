@@ -27,8 +27,9 @@ get_engine_ptr
 
 
 def test_module_items():
-    assert me.SUPPORT_MUSA is True and me.SUPPORT_CUDA is True
-    for flag in ("SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL", "SUPPORT_INTRA_NVLINK"):
+    # nvlink_intra is served (same-host GPU IPC) wherever a GPU runtime has devices.
+    assert me.SUPPORT_MUSA is True and me.SUPPORT_CUDA is True and me.SUPPORT_INTRA_NVLINK is True
+    for flag in ("SUPPORT_EFA", "SUPPORT_HIP", "SUPPORT_MNNVL"):
         assert getattr(me, flag) is False
     assert me.__version__ == mooncake.__version__
     assert importlib.metadata.version("mooncake-transfer-engine-musa") == me.__version__

@@ -85,6 +85,9 @@ def test_surface_has_0314_names():
         "FAILED_DRAINED",
         "COMPLETION_UNKNOWN",
     ]
+    # Upstream 0.3.14's values (read from its cuda13 wheel's engine.so on a CUDA host).
+    assert [int(s) for s in (Status.COMPLETED, Status.FAILED_DRAINED, Status.COMPLETION_UNKNOWN)] == [0, -1, -2]
+    assert [s.value for s in (Status.COMPLETED, Status.FAILED_DRAINED, Status.COMPLETION_UNKNOWN)] == [0, -1, -2]
 
 
 def test_arrays_move_verified_bytes(engine, local_buffer, target):

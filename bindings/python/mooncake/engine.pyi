@@ -46,8 +46,8 @@ _Opcode = Union[TransferOpcode, int]
 
 @final
 class ScatterTransferCompletionStatus:
-    """How a scatter operation ended: ``COMPLETED`` = 0, ``FAILED_DRAINED`` = 1 (failed,
-    nothing in flight), ``COMPLETION_UNKNOWN`` = 2 (not drained yet)."""
+    """How a scatter operation ended: ``COMPLETED`` = 0, ``FAILED_DRAINED`` = -1 (failed,
+    nothing in flight), ``COMPLETION_UNKNOWN`` = -2 (not drained yet); upstream's values."""
 
     COMPLETED: ClassVar["ScatterTransferCompletionStatus"]
     FAILED_DRAINED: ClassVar["ScatterTransferCompletionStatus"]
