@@ -66,7 +66,12 @@ impl IpcPeer {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("peer process starts");
+        // Under ENV: a child copies this process's environment when it starts, and
+        // `engine_with` sets variables (`MC_DISABLE_IPC=1`, ...) for a moment under it.
+        let mut child = {
+            let _g = ENV.lock().unwrap_or_else(|p| p.into_inner());
+            cmd.spawn().expect("peer process starts")
+        };
         let stdin = child.stdin.take().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
