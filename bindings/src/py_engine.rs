@@ -44,6 +44,7 @@ impl PyTransferEngine {
         target: &str,
         requests: Result<Vec<Request>, BindingError>,
         notify: Option<PyTransferNotify>,
+        nic_hint: &str,
     ) -> PyResult<i32> {
         let notify = notify.as_ref().map(Into::into);
         let result = match requests {
@@ -52,7 +53,7 @@ impl PyTransferEngine {
                 // the duration of the call.
                 unsafe {
                     self.inner
-                        .transfer_sync(target, &reqs, notify.as_ref(), interrupted)
+                        .transfer_sync(target, &reqs, notify.as_ref(), nic_hint, interrupted)
                 }
             })?,
             Err(e) => Err(e),
@@ -67,11 +68,14 @@ impl PyTransferEngine {
         call: &str,
         target: &str,
         requests: Result<Vec<Request>, BindingError>,
+        nic_hint: &str,
     ) -> PyResult<u64> {
         let result = match requests {
             // SAFETY: upstream's contract: local buffers stay valid until a status call
             // reports the batch finished.
-            Ok(reqs) => detached(py, |_| unsafe { self.inner.submit(target, &reqs) })?,
+            Ok(reqs) => detached(py, |_| unsafe {
+                self.inner.submit(target, &reqs, nic_hint)
+            })?,
             Err(e) => Err(e),
         };
         Ok(errors::value_or(call, result, 0))
@@ -85,13 +89,14 @@ impl PyTransferEngine {
         target: &str,
         requests: Result<Vec<Request>, BindingError>,
         max: usize,
+        nic_hint: &str,
     ) -> PyResult<i32> {
         let reqs = match requests {
             Ok(r) if max > 0 && r.len() > max => r,
-            other => return self.sync(py, call, target, other, None),
+            other => return self.sync(py, call, target, other, None, nic_hint),
         };
         for chunk in reqs.chunks(max) {
-            let code = self.sync(py, call, target, Ok(chunk.to_vec()), None)?;
+            let code = self.sync(py, call, target, Ok(chunk.to_vec()), None, nic_hint)?;
             if code != 0 {
                 return Ok(code);
             }
@@ -113,7 +118,7 @@ impl PyTransferEngine {
         let reqs = lists
             .requests(op)
             .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("{call}: {e}")))?;
-        let id = slf.get().submit(py, call, endpoint, Ok(reqs))?;
+        let id = slf.get().submit(py, call, endpoint, Ok(reqs), "")?;
         if id == 0 {
             return Err(pyo3::exceptions::PyRuntimeError::new_err(
                 errors::last_error().unwrap_or_else(|| format!("{call}: submission failed")),
@@ -237,9 +242,16 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = single(OpCode::Write, buffer, peer_buffer_address, length);
-        self.sync(py, "transfer_sync_write", &target_hostname, reqs, None)
+        self.sync(
+            py,
+            "transfer_sync_write",
+            &target_hostname,
+            reqs,
+            None,
+            &nic_hint,
+        )
     }
 
     #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, transport_hint = '', nic_hint = '')")]
@@ -253,9 +265,16 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = single(OpCode::Read, buffer, peer_buffer_address, length);
-        self.sync(py, "transfer_sync_read", &target_hostname, reqs, None)
+        self.sync(
+            py,
+            "transfer_sync_read",
+            &target_hostname,
+            reqs,
+            None,
+            &nic_hint,
+        )
     }
 
     #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffer, peer_buffer_address, length, opcode, notify = None, transport_hint = '', nic_hint = '')")]
@@ -272,9 +291,16 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = single(opcode_arg(opcode)?, buffer, peer_buffer_address, length);
-        self.sync(py, "transfer_sync", &target_hostname, reqs, notify)
+        self.sync(
+            py,
+            "transfer_sync",
+            &target_hostname,
+            reqs,
+            notify,
+            &nic_hint,
+        )
     }
 
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
@@ -288,7 +314,7 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = batch_requests(OpCode::Write, &buffers, &peer_buffer_addresses, &lengths);
         self.sync(
             py,
@@ -296,6 +322,7 @@ impl PyTransferEngine {
             &target_hostname,
             reqs,
             None,
+            &nic_hint,
         )
     }
 
@@ -310,9 +337,16 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = batch_requests(OpCode::Read, &buffers, &peer_buffer_addresses, &lengths);
-        self.sync(py, "batch_transfer_sync_read", &target_hostname, reqs, None)
+        self.sync(
+            py,
+            "batch_transfer_sync_read",
+            &target_hostname,
+            reqs,
+            None,
+            &nic_hint,
+        )
     }
 
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify = None, transport_hint = '', nic_hint = '')")]
@@ -329,14 +363,21 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = batch_requests(
             opcode_arg(opcode)?,
             &buffers,
             &peer_buffer_addresses,
             &lengths,
         );
-        self.sync(py, "batch_transfer_sync", &target_hostname, reqs, notify)
+        self.sync(
+            py,
+            "batch_transfer_sync",
+            &target_hostname,
+            reqs,
+            notify,
+            &nic_hint,
+        )
     }
 
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
@@ -350,9 +391,15 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = batch_requests(OpCode::Write, &buffers, &peer_buffer_addresses, &lengths);
-        self.submit(py, "batch_transfer_async_write", &target_hostname, reqs)
+        self.submit(
+            py,
+            "batch_transfer_async_write",
+            &target_hostname,
+            reqs,
+            &nic_hint,
+        )
     }
 
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint = '', nic_hint = '')")]
@@ -366,9 +413,15 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = batch_requests(OpCode::Read, &buffers, &peer_buffer_addresses, &lengths);
-        self.submit(py, "batch_transfer_async_read", &target_hostname, reqs)
+        self.submit(
+            py,
+            "batch_transfer_async_read",
+            &target_hostname,
+            reqs,
+            &nic_hint,
+        )
     }
 
     #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = String::new(), nic_hint = String::new()), text_signature = "($self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint = '', nic_hint = '')")]
@@ -384,14 +437,20 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = batch_requests(
             opcode_arg(opcode)?,
             &buffers,
             &peer_buffer_addresses,
             &lengths,
         );
-        self.submit(py, "batch_transfer_async", &target_hostname, reqs)
+        self.submit(
+            py,
+            "batch_transfer_async",
+            &target_hostname,
+            reqs,
+            &nic_hint,
+        )
     }
 
     #[pyo3(signature = (batch_ids))]
@@ -413,9 +472,15 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = single(OpCode::Write, buffer, peer_buffer_address, length);
-        self.submit(py, "transfer_submit_write", &target_hostname, reqs)
+        self.submit(
+            py,
+            "transfer_submit_write",
+            &target_hostname,
+            reqs,
+            &nic_hint,
+        )
     }
 
     #[pyo3(signature = (batch_id))]
@@ -591,7 +656,7 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let (l, r, n) = (
             int_array(buffers, "buffers", None)?,
             int_array(peer_buffer_addresses, "peer_buffer_addresses", None)?,
@@ -604,6 +669,7 @@ impl PyTransferEngine {
             &target_hostname,
             reqs,
             None,
+            &nic_hint,
         )
     }
 
@@ -619,7 +685,7 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let (l, r, n) = (
             int_array(buffers, "buffers", None)?,
             int_array(peer_buffer_addresses, "peer_buffer_addresses", None)?,
@@ -631,6 +697,7 @@ impl PyTransferEngine {
             "batch_transfer_async_write_arrays",
             &target_hostname,
             reqs,
+            &nic_hint,
         )
     }
 
@@ -646,7 +713,7 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let (l, r, n) = (
             int_array(buffers, "buffers", None)?,
             int_array(peer_buffer_addresses, "peer_buffer_addresses", None)?,
@@ -659,6 +726,7 @@ impl PyTransferEngine {
             &target_hostname,
             reqs,
             None,
+            &nic_hint,
         )
     }
 
@@ -674,7 +742,7 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<u64> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let (l, r, n) = (
             int_array(buffers, "buffers", None)?,
             int_array(peer_buffer_addresses, "peer_buffer_addresses", None)?,
@@ -686,6 +754,7 @@ impl PyTransferEngine {
             "batch_transfer_async_read_arrays",
             &target_hostname,
             reqs,
+            &nic_hint,
         )
     }
 
@@ -703,7 +772,7 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = page_requests(
             OpCode::Write,
             &int_array(src_pages, "src_pages", None)?,
@@ -716,6 +785,7 @@ impl PyTransferEngine {
             &target_hostname,
             reqs,
             max_batch_size,
+            &nic_hint,
         )
     }
 
@@ -733,7 +803,7 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<i32> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = page_requests(
             OpCode::Read,
             &int_array(src_pages, "src_pages", None)?,
@@ -746,6 +816,7 @@ impl PyTransferEngine {
             &target_hostname,
             reqs,
             max_batch_size,
+            &nic_hint,
         )
     }
 
@@ -891,10 +962,17 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<()> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = single(OpCode::Write, buffer, peer_buffer_address, length);
         order_after_stream(py, "transfer_write_on_cuda", stream_ptr)?;
-        let code = self.sync(py, "transfer_write_on_cuda", &target_hostname, reqs, None)?;
+        let code = self.sync(
+            py,
+            "transfer_write_on_cuda",
+            &target_hostname,
+            reqs,
+            None,
+            &nic_hint,
+        )?;
         raise_unless_ok("transfer_write_on_cuda", code)
     }
 
@@ -912,7 +990,7 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<()> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = batch_requests(OpCode::Write, &buffers, &peer_buffer_addresses, &lengths);
         order_after_stream(py, "batch_transfer_write_on_cuda", stream_ptr)?;
         let code = self.sync(
@@ -921,6 +999,7 @@ impl PyTransferEngine {
             &target_hostname,
             reqs,
             None,
+            &nic_hint,
         )?;
         raise_unless_ok("batch_transfer_write_on_cuda", code)
     }
@@ -939,10 +1018,17 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<()> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = single(OpCode::Read, buffer, peer_buffer_address, length);
         order_after_stream(py, "transfer_read_on_cuda", stream_ptr)?;
-        let code = self.sync(py, "transfer_read_on_cuda", &target_hostname, reqs, None)?;
+        let code = self.sync(
+            py,
+            "transfer_read_on_cuda",
+            &target_hostname,
+            reqs,
+            None,
+            &nic_hint,
+        )?;
         raise_unless_ok("transfer_read_on_cuda", code)
     }
 
@@ -960,7 +1046,7 @@ impl PyTransferEngine {
         transport_hint: String,
         nic_hint: String,
     ) -> PyResult<()> {
-        let _ = (transport_hint, nic_hint);
+        let _ = transport_hint;
         let reqs = batch_requests(OpCode::Read, &buffers, &peer_buffer_addresses, &lengths);
         order_after_stream(py, "batch_transfer_read_on_cuda", stream_ptr)?;
         let code = self.sync(
@@ -969,6 +1055,7 @@ impl PyTransferEngine {
             &target_hostname,
             reqs,
             None,
+            &nic_hint,
         )?;
         raise_unless_ok("batch_transfer_read_on_cuda", code)
     }

@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use transfer_engine::{
-    topology, Batch, Config, EngineError, Notify, OpCode, Request, TransferEngine, TransportRequest,
+    topology, Batch, Config, EngineError, Notify, OpCode, Request, SubmitOptions, TransferEngine,
+    TransportRequest,
 };
 
 use crate::batch_table::{self, BatchTable, Poll};
@@ -193,14 +194,19 @@ impl ContractEngine {
         target: &str,
         requests: &[Request],
         notify: Option<&Notify>,
+        nic_hint: &str,
         interrupted: &dyn Fn() -> bool,
     ) -> Result<(), BindingError> {
         let engine = self.engine()?;
+        let options = SubmitOptions {
+            caller_waits: true,
+            nic: nic(nic_hint),
+        };
         // SAFETY: the caller guarantees the local ranges for the call; the wait below
         // returns only once the batch finished or was drained (timeout, interrupt), so no
         // engine thread touches them after this call returns (upstream's sync calls do not
         // guarantee that).
-        let batch = unsafe { engine.submit_to_wait(target, requests) }?;
+        let batch = unsafe { engine.submit_with(target, requests, &options) }?;
         batch_table::wait(&batch, target, interrupted)?;
         if let Some(n) = notify {
             engine.send_notify(target, n)?;
@@ -213,10 +219,19 @@ impl ContractEngine {
     /// # Safety
     /// Every local range must stay valid until a status call reports the batch finished,
     /// failed or timed out (each drains it first).
-    pub unsafe fn submit(&self, target: &str, requests: &[Request]) -> Result<u64, BindingError> {
+    pub unsafe fn submit(
+        &self,
+        target: &str,
+        requests: &[Request],
+        nic_hint: &str,
+    ) -> Result<u64, BindingError> {
         let engine = self.engine()?;
+        let options = SubmitOptions {
+            nic: nic(nic_hint),
+            ..SubmitOptions::default()
+        };
         // SAFETY: forwarded to the caller.
-        let batch: Batch = unsafe { engine.submit(target, requests) }?;
+        let batch: Batch = unsafe { engine.submit_with(target, requests, &options) }?;
         Ok(self.batches.insert(batch, target))
     }
 
@@ -405,4 +420,9 @@ impl ChunkSource for RegisteredHostMemory<'_> {
         // SAFETY: a dedicated mapping from `acquire`, freed by its owner and unregistered.
         unsafe { host_memory::unmap(addr, len) };
     }
+}
+
+/// Upstream's `nic_hint` argument: `""` leaves the choice to the topology.
+fn nic(hint: &str) -> Option<String> {
+    (!hint.is_empty()).then(|| hint.to_string())
 }

@@ -42,7 +42,7 @@ pub mod wire;
 
 pub use config::Config;
 pub use engine::error::EngineError;
-pub use engine::{Batch, Notify, Request, TransferEngine, P2P_HANDSHAKE};
+pub use engine::{Batch, Notify, Request, SubmitOptions, TransferEngine, P2P_HANDSHAKE};
 pub use error::{Fault, TransferError};
 pub use memory::host_buffer::{self, HostBuffer};
 pub use task::TaskStatus;

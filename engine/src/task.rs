@@ -74,6 +74,9 @@ pub struct BatchState {
     /// The submitting thread waits for the batch right after submitting it (a
     /// synchronous call): a transport may send on that thread before the wait.
     caller_waits: AtomicBool,
+    /// The local NIC the caller named for this batch (`nic_hint`), where a transport
+    /// chooses among several (set once, before any slice is posted).
+    nic_hint: OnceLock<Box<str>>,
 }
 
 impl BatchState {
@@ -101,6 +104,7 @@ impl BatchState {
             deadline: now + budget,
             recorder: OnceLock::new(),
             caller_waits: AtomicBool::new(false),
+            nic_hint: OnceLock::new(),
         })
     }
 
@@ -112,6 +116,17 @@ impl BatchState {
     /// See [`set_caller_waits`](Self::set_caller_waits).
     pub fn caller_waits(&self) -> bool {
         self.caller_waits.load(Ordering::Relaxed)
+    }
+
+    /// Pins the batch's slices to the local NIC `name`, where their transport has a choice
+    /// of NICs (before any slice is posted; a second call is ignored).
+    pub fn set_nic_hint(&self, name: &str) {
+        let _ = self.nic_hint.set(name.into());
+    }
+
+    /// See [`set_nic_hint`](Self::set_nic_hint).
+    pub fn nic_hint(&self) -> Option<&str> {
+        self.nic_hint.get().map(|n| &**n)
     }
 
     /// Number of requests.

@@ -97,6 +97,11 @@ class TransferEngine:
     Calling ``initialize`` again starts a new engine (new RPC port and session id), carries
     every registration over to it and drops the old one (its in-flight batches fail); if the
     new engine cannot start, the old one stays and -1 is returned.
+
+    ``nic_hint`` (the transfer calls' last argument): the local RDMA device that carries
+    every request of the call; a device the engine does not use fails the call (-1). Over
+    TCP or IPC any hint is accepted (no NIC to pick); ``""``: the topology chooses.
+    ``transport_hint`` is accepted; the engine picks the transport per request.
     """
 
     TransferOpcode: ClassVar[type[TransferOpcode]]

@@ -89,6 +89,20 @@ impl Request {
     }
 }
 
+/// How a batch is carried, beyond its requests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubmitOptions {
+    /// The submitter waits for the batch at once (see
+    /// [`submit_to_wait`](TransferEngine::submit_to_wait)).
+    pub caller_waits: bool,
+    /// A local NIC to carry every request of the batch (upstream's `nic_hint`), in place
+    /// of the topology's choice. It must name one of the NICs of a transport that chooses
+    /// among several (RDMA's HCAs: a name this engine does not use is refused before any
+    /// byte moves); a batch whose transports have no such choice (TCP, IPC) accepts it
+    /// with nothing to pick. `None` (or an empty name): the topology chooses.
+    pub nic: Option<String>,
+}
+
 /// A notification received from a peer.
 pub type Notify = NotifyMsg;
 
@@ -367,7 +381,21 @@ impl TransferEngine {
     /// timeout) has returned.
     pub unsafe fn submit(&self, segment: &str, requests: &[Request]) -> Result<Batch, EngineError> {
         let id = self.inner.segment_id(segment)?;
-        self.inner.submit(&id, requests, false)
+        self.inner.submit(&id, requests, &SubmitOptions::default())
+    }
+
+    /// [`submit`](Self::submit) with `options` (the caller's NIC, whether it waits at once).
+    ///
+    /// # Safety
+    /// As [`submit`](Self::submit).
+    pub unsafe fn submit_with(
+        &self,
+        segment: &str,
+        requests: &[Request],
+        options: &SubmitOptions,
+    ) -> Result<Batch, EngineError> {
+        let id = self.inner.segment_id(segment)?;
+        self.inner.submit(&id, requests, options)
     }
 
     /// [`submit`](Self::submit) for a caller that waits for the batch at once (a
@@ -384,7 +412,11 @@ impl TransferEngine {
         requests: &[Request],
     ) -> Result<Batch, EngineError> {
         let id = self.inner.segment_id(segment)?;
-        self.inner.submit(&id, requests, true)
+        let options = SubmitOptions {
+            caller_waits: true,
+            ..SubmitOptions::default()
+        };
+        self.inner.submit(&id, requests, &options)
     }
 
     /// Submits and waits until the batch's deadline. On a timeout the batch is drained
@@ -399,7 +431,11 @@ impl TransferEngine {
     ) -> Result<(), EngineError> {
         // The caller's contract covers the lending; the internal path is safe code.
         let id = self.inner.segment_id(segment)?;
-        let batch = self.inner.submit(&id, requests, true)?;
+        let options = SubmitOptions {
+            caller_waits: true,
+            ..SubmitOptions::default()
+        };
+        let batch = self.inner.submit(&id, requests, &options)?;
         batch.wait().map_err(|source| EngineError::Transfer {
             segment: segment.to_string(),
             source,

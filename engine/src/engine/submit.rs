@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Batch, EngineError, Inner, Request, Segment};
+use super::{Batch, EngineError, Inner, Request, Segment, SubmitOptions};
 use crate::error::TransferError;
 use crate::memory::Region;
 use crate::metrics::RequestInfo;
@@ -56,7 +56,7 @@ impl Inner {
         &self,
         id: &SegmentId,
         requests: &[Request],
-        caller_waits: bool,
+        options: &SubmitOptions,
     ) -> Result<Batch, EngineError> {
         let Reached {
             seg,
@@ -67,10 +67,17 @@ impl Inner {
         let desc = Arc::clone(&seg.desc.read());
         let mut transports: Vec<Arc<dyn Transport>> = vec![transport];
         let routes = self.routes(&desc, requests, &unknown, &mut transports);
+        let nic = options.nic.as_deref().filter(|n| !n.is_empty());
+        if let Some(why) = nic.and_then(|name| crate::transport::unknown_nic(name, &transports)) {
+            return Err(EngineError::InvalidArgument(why));
+        }
         let stripes = Stripes::of(&transports);
         let batch = self.new_batch(&seg, requests, &unknown, &routes, &transports, &stripes);
-        if caller_waits {
+        if options.caller_waits {
             batch.set_caller_waits();
+        }
+        if let Some(name) = nic {
+            batch.set_nic_hint(name);
         }
         for &i in &unknown {
             let r = &requests[i];

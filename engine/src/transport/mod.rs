@@ -272,6 +272,23 @@ pub fn memlock() -> select::Memlock {
 /// How often the engine's housekeeping calls [`Transport::rest_idle`].
 pub const REST_TICK: std::time::Duration = std::time::Duration::from_millis(25);
 
+/// Why `nic_hint` `name` cannot carry a batch over `transports`, if it cannot: each
+/// transport that chooses among several local NICs must have one of that name; those
+/// without the choice accept any name, having nothing to pick.
+pub(crate) fn unknown_nic(name: &str, transports: &[Arc<dyn Transport>]) -> Option<String> {
+    transports.iter().find_map(|t| {
+        let nics = t.local_nics();
+        (!nics.is_empty() && !nics.iter().any(|n| n == name)).then(|| {
+            format!(
+                "nic_hint {name:?} is not one of this engine's {} devices ({}); name one of \
+                 them, or pass \"\" to let the topology choose",
+                t.protocol(),
+                nics.join(", ")
+            )
+        })
+    })
+}
+
 /// A transport behind the engine.
 pub trait Transport: Send + Sync {
     /// The protocol name peers advertise (`tcp`, `rdma`, ...).
@@ -299,6 +316,13 @@ pub trait Transport: Send + Sync {
     /// regions, ours or the peer's; see `transport::rdma`).
     fn declines(&self, _local: Option<&Region>, _remote: &BufferDesc) -> bool {
         false
+    }
+
+    /// The local NICs this transport chooses among per slice (RDMA's HCAs), which a
+    /// batch's `nic_hint` may name; empty where there is no such choice (TCP, IPC), and a
+    /// hint is then accepted and has nothing to pick.
+    fn local_nics(&self) -> Vec<String> {
+        Vec::new()
     }
 
     /// What this transport decided (for logs and the topology dump), if it has anything

@@ -229,7 +229,22 @@ impl Shared {
             .local_region
             .as_ref()
             .map_or("*", |r| r.location.as_str());
-        let local = self.local_choices.get(location).unwrap_or(&self.any_local);
+        let pinned;
+        let local = match work.slice.batch.nic_hint() {
+            // The engine checked the name against `local_nics` before posting.
+            Some(name) => match self.nics.iter().position(|n| n.name() == name) {
+                Some(i) => {
+                    pinned = Choice::only(i);
+                    &pinned
+                }
+                None => {
+                    return work.fail(TransferError::Canceled(
+                        "nic_hint names no HCA of the RDMA transport",
+                    ))
+                }
+            },
+            None => self.local_choices.get(location).unwrap_or(&self.any_local),
+        };
         let peer = work.route.peer.segment.clone();
         let Some(remote) = work
             .route
@@ -666,6 +681,14 @@ impl Transport for RdmaTransport {
 
     fn reaches(&self, peer: &SegmentDesc) -> bool {
         peer.speaks_rdma()
+    }
+
+    fn local_nics(&self) -> Vec<String> {
+        self.shared
+            .nics
+            .iter()
+            .map(|n| n.name().to_string())
+            .collect()
     }
 
     fn declines(&self, local: Option<&Region>, remote: &BufferDesc) -> bool {

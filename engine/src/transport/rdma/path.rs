@@ -42,6 +42,15 @@ impl Choice {
         Self { list, preferred }
     }
 
+    /// Device `index` alone: a batch whose caller named its NIC (`nic_hint`); retries
+    /// then move on over the peer's devices only.
+    pub fn only(index: usize) -> Self {
+        Self {
+            list: vec![index],
+            preferred: 1,
+        }
+    }
+
     /// Number of candidates.
     pub fn len(&self) -> usize {
         self.list.len()

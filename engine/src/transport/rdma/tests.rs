@@ -134,6 +134,20 @@ impl Side {
         remote_off: u64,
         len: u64,
     ) -> Arc<BatchState> {
+        let (batch, slices) = self.slices(peer, op, local_off, remote_off, len);
+        self.t.post(&peer.id(), desc, slices).unwrap();
+        batch
+    }
+
+    /// One request cut into slices as the engine does, in a batch of its own.
+    fn slices(
+        &self,
+        peer: &Side,
+        op: OpCode,
+        local_off: u64,
+        remote_off: u64,
+        len: u64,
+    ) -> (Arc<BatchState>, Vec<Slice>) {
         let stripe = self.t.slice_size();
         let batch = BatchState::new(&[len.div_ceil(stripe) as u32], Duration::from_secs(10));
         let region = self.memory.find(self.buf.addr() + local_off, len);
@@ -154,8 +168,7 @@ impl Side {
             });
             off += n;
         }
-        self.t.post(&peer.id(), desc, slices).unwrap();
-        batch
+        (batch, slices)
     }
 }
 
@@ -337,6 +350,49 @@ fn slices_stripe_over_the_preferred_hcas() {
             let want = if pref.contains(n) { 4 } else { 0 };
             assert_eq!(fabric.executed(n), want, "{n} with {pref:?} preferred");
         }
+    }
+}
+
+#[test]
+fn a_nic_hint_carries_every_slice_over_the_named_hca() {
+    let fabric = FakeFabric::new();
+    let net = Arc::new(Net::default());
+    let nics = ["a_h0", "a_h1", "a_h2", "a_h3"];
+    let a = Side::new(
+        &net,
+        &fabric,
+        "127.0.0.1:1001",
+        &nics,
+        topo(&[("cpu:0", &nics, &[])]),
+        RdmaParams::default(),
+    );
+    let b = Side::new(
+        &net,
+        &fabric,
+        "127.0.0.1:1002",
+        &["b0", "b1"],
+        topo(&[("cpu:0", &["b0", "b1"], &[])]),
+        RdmaParams::default(),
+    );
+    assert_eq!(a.t.local_nics(), nics);
+    let transports = [a.t.clone() as Arc<dyn Transport>];
+    assert_eq!(crate::transport::unknown_nic("a_h2", &transports), None);
+    let why = crate::transport::unknown_nic("mlx5_9", &transports).unwrap();
+    assert!(
+        why.contains("\"mlx5_9\"") && why.contains("a_h0, a_h1, a_h2, a_h3"),
+        "{why}"
+    );
+    let len = 8 * 65536;
+    let data = pattern(len as usize, 9);
+    a.buf.write_at(0, &data).unwrap();
+    let (batch, slices) = a.slices(&b, OpCode::Write, 0, 0, len);
+    batch.set_nic_hint("a_h2");
+    a.t.post(&b.id(), &b.desc(), slices).unwrap();
+    batch.wait().unwrap();
+    assert_eq!(b.buf.read_at(0, data.len()).unwrap(), data);
+    for n in nics {
+        let want = if n == "a_h2" { 8 } else { 0 };
+        assert_eq!(fabric.executed(n), want, "{n}");
     }
 }
 
