@@ -9,6 +9,7 @@
 //! where the allocation holding a pointer starts, so the offset can be advertised.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use libloading::Library;
@@ -80,6 +81,9 @@ pub struct IpcRuntime {
     range: Option<(AddressRange, String)>,
     /// The virtual-memory calls, or why they are missing.
     vmm: Result<VmmApi, String>,
+    /// Peer mappings opened and closed ([`PeerMapping`](super::peer_mapping::PeerMapping)).
+    pub(super) peer_opens: AtomicU64,
+    pub(super) peer_closes: AtomicU64,
     _lib: Library,
     _driver: Option<Library>,
 }
@@ -154,6 +158,8 @@ impl IpcRuntime {
             api,
             range,
             vmm,
+            peer_opens: AtomicU64::new(0),
+            peer_closes: AtomicU64::new(0),
             _lib: lib,
             _driver: driver,
         })
@@ -268,7 +274,9 @@ impl IpcRuntime {
     }
 
     /// Maps another process's allocation on the current device; returns its base here.
-    pub fn open(&self, handle: IpcHandle) -> Result<u64, DeviceError> {
+    /// Only a [`PeerMapping`](super::peer_mapping::PeerMapping) opens, so that only its
+    /// drop closes.
+    pub(super) fn open(&self, handle: IpcHandle) -> Result<u64, DeviceError> {
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the handle is passed by value as the runtime expects.
         self.rt.check("IpcOpenMemHandle", unsafe {
@@ -278,8 +286,9 @@ impl IpcRuntime {
     }
 
     /// Unmaps a base returned by [`open`](Self::open).
-    pub fn close(&self, base: u64) -> Result<(), DeviceError> {
-        // SAFETY: `base` came from `open` and no copy uses it any more (the caller's duty).
+    pub(super) fn close(&self, base: u64) -> Result<(), DeviceError> {
+        // SAFETY: `base` came from `open`, and its mapping's last holder let go of it, so
+        // no copy uses it any more (copies hold their mapping until their stream syncs).
         self.rt.check("IpcCloseMemHandle", unsafe {
             (self.api.close_mem_handle)(base as *mut c_void)
         })

@@ -13,6 +13,8 @@ pub mod dmabuf;
 mod idle_stagers;
 pub mod ipc;
 pub mod loader;
+pub(crate) mod peer_copies;
+pub(crate) mod peer_mapping;
 pub mod spare_stagers;
 pub mod staging;
 pub mod staging_pool;

@@ -9,7 +9,9 @@
 //! descriptor becomes a handle (`MemImportFromShareableHandle`), mapped back to back in
 //! one reserved address range (`MemAddressReserve` + `MemMap`), readable and writable by
 //! the importing device (`MemSetAccess`), so a copy may cross chunk boundaries as it does
-//! in the exporter. [`VmmMapping`]'s drop unmaps it and frees the range.
+//! in the exporter. [`VmmMapping`]'s drop unmaps it and frees the range; a successful
+//! import becomes a [`PeerMapping`](super::peer_mapping::PeerMapping), which does so
+//! when its last holder lets go.
 //!
 //! CUDA names from `libcuda.so.1`; MUSA the same calls with `cu` → `mu` (assumed from
 //! upstream's MUSA VMM use; see docs/gpu.md).
@@ -128,7 +130,7 @@ impl VmmApi {
     /// `[0, span)` back to back, into one new address range readable and writable by
     /// `device` (the current device's context must be current). The descriptors may be
     /// closed afterwards.
-    pub(crate) fn import(
+    pub(super) fn import(
         &self,
         chunks: &[(OwnedFd, u64, u64)],
         span: u64,
@@ -192,7 +194,7 @@ pub(crate) struct VmmMapping<'a> {
 
 impl VmmMapping<'_> {
     /// Gives up ownership: the caller unmaps with [`VmmApi::unmap`] later.
-    pub(crate) fn into_parts(self) -> (u64, usize, Vec<(u64, usize)>) {
+    pub(super) fn into_parts(self) -> (u64, usize, Vec<(u64, usize)>) {
         let me = std::mem::ManuallyDrop::new(self);
         (me.base, me.span, me.mapped.clone())
     }
@@ -207,9 +209,10 @@ impl Drop for VmmMapping<'_> {
 impl VmmApi {
     /// Unmaps what [`import`](Self::import) mapped and frees its range (the device's
     /// context must be current). Failures are logged: nothing else can be done.
-    pub(crate) fn unmap(&self, base: u64, span: usize, mapped: &[(u64, usize)]) {
+    pub(super) fn unmap(&self, base: u64, span: usize, mapped: &[(u64, usize)]) {
         for &(at, size) in mapped {
-            // SAFETY: mapped by `import`; no copy uses it any more (the caller's duty).
+            // SAFETY: mapped by `import`; its mapping's last holder let go of it, so no
+            // copy uses it any more (copies hold their mapping until their stream syncs).
             let rc = unsafe { (self.unmap)(at, size) };
             if let Err(e) = check(self.prefix, "MemUnmap", rc) {
                 tracing::warn!("unmapping a peer's memory at {at:#x}+{size}: {e}");

@@ -1,7 +1,8 @@
 //! Peers' device memory mapped into this process: each handle a peer advertises is
 //! opened once and cached (a peer's tensors that share an allocation share one mapping),
 //! and closed when the peer's descriptor no longer lists it, when the peer's process is
-//! gone, or at shutdown. Copies in flight hold their mapping, so a close waits for them.
+//! gone, or at shutdown. A mapping is device/'s [`PeerMapping`], which owns the opened
+//! handle; copies in flight hold their mapping, so a close waits for them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,44 +12,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::device::ipc::{IpcHandle, IpcRuntime};
+use crate::device::peer_mapping::PeerMapping;
 use crate::wire::descriptor::{BufferDesc, SegmentDesc};
-
-/// A peer allocation mapped here; unmapped when the last holder drops it.
-pub(super) struct Mapping {
-    ipc: Arc<IpcRuntime>,
-    /// Base of the mapping in this process.
-    pub base: u64,
-    /// Its size, as the driver reports it (bounds every advertised offset).
-    pub size: u64,
-    device: u32,
-    /// Memory of the virtual-memory API: the range's size and the pieces mapped in it,
-    /// unmapped on drop (else a legacy handle, closed on drop).
-    vmm: Option<(usize, Vec<(u64, usize)>)>,
-    closes: Arc<AtomicU64>,
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        let ipc = self.ipc.clone();
-        let base = self.base;
-        let closed = match (&self.vmm, ipc.vmm()) {
-            (Some((span, pieces)), Ok(vmm)) => ipc.on_device(self.device, || {
-                vmm.unmap(base, *span, pieces);
-                Ok(())
-            }),
-            (Some(_), Err(_)) => Ok(()),
-            (None, _) => ipc.on_device(self.device, || ipc.close(base)),
-        };
-        if let Err(e) = closed {
-            tracing::warn!("closing the IPC mapping at {base:#x}: {e}");
-        }
-        self.closes.fetch_add(1, Ordering::Relaxed);
-    }
-}
 
 /// What a peer's handle gave: a mapping, or why it cannot be used (not retried until
 /// the peer's descriptor changes).
-type Opened = Result<Arc<Mapping>, String>;
+type Opened = Result<Arc<PeerMapping>, String>;
 
 struct PeerMaps {
     /// The descriptor the maps were checked against (address and timestamp).
@@ -125,16 +94,15 @@ fn revoked_check(entry: &PeerMaps, peer: &SegmentDesc, shm: &str) -> Result<(), 
 pub(super) struct Imports {
     ipc: Arc<IpcRuntime>,
     peers: Mutex<HashMap<String, PeerMaps>>,
-    opens: AtomicU64,
-    /// Of `opens`, handles opened again after the peer revoked our mapping of them.
+    /// Of the handles opened, those opened again after the peer revoked our mapping of
+    /// them.
     reopens: AtomicU64,
-    closes: Arc<AtomicU64>,
 }
 
 /// Where a remote range is mapped here.
 pub(super) struct Target {
     /// The mapping (held while the copy runs).
-    pub mapping: Arc<Mapping>,
+    pub mapping: Arc<PeerMapping>,
     /// Address here of the remote buffer's first byte.
     pub buffer_base: u64,
 }
@@ -144,9 +112,7 @@ impl Imports {
         Self {
             ipc,
             peers: Mutex::new(HashMap::new()),
-            opens: AtomicU64::new(0),
             reopens: AtomicU64::new(0),
-            closes: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -203,13 +169,14 @@ impl Imports {
         let mapping = opened?;
         let offset = buffer.shm_offset.unwrap_or(0);
         match offset.checked_add(buffer.length) {
-            Some(end) if end <= mapping.size => Ok(Target {
-                buffer_base: mapping.base + offset,
+            Some(end) if end <= mapping.size() => Ok(Target {
+                buffer_base: mapping.base() + offset,
                 mapping,
             }),
             _ => Err(format!(
                 "the buffer ({} bytes at offset {offset}) does not fit the {}-byte allocation its handle maps",
-                buffer.length, mapping.size
+                buffer.length,
+                mapping.size()
             )),
         }
     }
@@ -260,7 +227,7 @@ impl Imports {
     /// The peer `exporter` revoked `shm` at `revoked_at`: its mapping leaves the cache and
     /// descriptors encoded until then may not open it again. Returns the mapping, which
     /// closes once the copies in flight that hold it are done.
-    pub fn revoke(&self, exporter: &str, shm: &str, revoked_at: &str) -> Option<Arc<Mapping>> {
+    pub fn revoke(&self, exporter: &str, shm: &str, revoked_at: &str) -> Option<Arc<PeerMapping>> {
         let mut peers = self.peers.lock();
         let entry = peers.get_mut(exporter)?;
         entry
@@ -306,61 +273,20 @@ impl Imports {
                 shm.len()
             )
         })?;
-        let ipc = &self.ipc;
-        let base = ipc
-            .on_device(device, || ipc.open(handle))
-            .map_err(|e| e.to_string())?;
-        self.opens.fetch_add(1, Ordering::Relaxed);
-        let mapping = Arc::new(Mapping {
-            ipc: ipc.clone(),
-            base,
-            size: 0,
-            device,
-            vmm: None,
-            closes: self.closes.clone(),
-        });
-        let size = match ipc.on_device(device, || Ok(ipc.allocation_range(base))) {
-            Ok(Ok((b, size))) if b == base => size,
-            Ok(Ok((b, _))) => {
-                return Err(format!(
-                    "the driver places the opened handle at {b:#x}, not at its base {base:#x}"
-                ))
-            }
-            Ok(Err(e)) => return Err(format!("the size of the opened allocation is unknown: {e}")),
-            Err(e) => return Err(e.to_string()),
-        };
-        // `mapping` (size 0) closes the handle if anything above failed.
-        let Ok(mut m) = Arc::try_unwrap(mapping) else {
-            return Err("internal: the new mapping is shared".into());
-        };
-        m.size = size;
-        Ok(Arc::new(m))
+        self.ipc.open_peer(handle, device).map(Arc::new)
     }
 
     /// Maps the allocations of the peer's virtual-memory region `key`, handed over by its
     /// descriptor socket, back to back as the peer has them.
     fn open_vmm(&self, peer: &SegmentDesc, key: &str, device: u32) -> Opened {
-        let vmm = self.ipc.vmm()?;
+        // Before the peer is asked for its descriptors.
+        self.ipc.vmm()?;
         let socket = peer
             .ipc_fd_socket
             .as_deref()
             .ok_or("the peer lists virtual-memory buffers but no ipc_fd_socket")?;
         let (chunks, span) = super::fd_share::fetch(socket, key)?;
-        let ipc = &self.ipc;
-        let mapped = ipc
-            .on_device(device, || Ok(vmm.import(&chunks, span, device)))
-            .map_err(|e| e.to_string())??;
-        drop(chunks);
-        let (base, span_bytes, pieces) = mapped.into_parts();
-        self.opens.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(Mapping {
-            ipc: ipc.clone(),
-            base,
-            size: span,
-            device,
-            vmm: Some((span_bytes, pieces)),
-            closes: self.closes.clone(),
-        }))
+        self.ipc.import_peer(&chunks, span, device).map(Arc::new)
     }
 
     /// Drops the mappings of `segment` (closed once copies in flight let go).
@@ -408,10 +334,7 @@ impl Imports {
             .values()
             .map(|p| p.maps.values().filter(|m| m.is_ok()).count())
             .sum();
-        (
-            self.opens.load(Ordering::Relaxed),
-            self.closes.load(Ordering::Relaxed),
-            cached,
-        )
+        let (opens, closes) = self.ipc.peer_counts();
+        (opens, closes, cached)
     }
 }

@@ -42,6 +42,7 @@ pub use settings::IpcSettings;
 use super::{Slice, Transport, TransportError};
 use crate::config::Config;
 use crate::device::ipc::IpcRuntime;
+use crate::device::peer_mapping::PeerMapping;
 use crate::device::Vendor;
 use crate::error::TransferError;
 use crate::memory::{MemoryRegistry, Region};
@@ -549,7 +550,7 @@ impl Transport for IpcTransport {
         let mut flushed = false;
         // Consecutive slices mostly fall in the same peer buffer: its lookup and mapping
         // are reused (the buffer's address, the local device, where it is mapped here).
-        let mut last: Option<(&BufferDesc, u32, u64, Arc<imports::Mapping>)> = None;
+        let mut last: Option<(&BufferDesc, u32, u64, Arc<PeerMapping>)> = None;
         for s in slices {
             let Some(device) = s.local_device else {
                 let reason = format!(
@@ -569,12 +570,7 @@ impl Transport for IpcTransport {
                 Some((b, _, base, m)) => (*b, *base, m.clone()),
                 None => {
                     let Some(buffer) = peer.find_buffer(s.remote, s.len) else {
-                        let (peer_name, addr, len) = (segment.to_string(), s.remote, s.len);
-                        s.finish(Err(TransferError::AddressRejected {
-                            peer: peer_name,
-                            addr,
-                            len,
-                        }));
+                        address_rejected(segment, s);
                         continue;
                     };
                     match self.imports.resolve(
@@ -598,11 +594,23 @@ impl Transport for IpcTransport {
                     }
                 }
             };
+            // Inside the buffer (found above), which lies inside the mapping (`resolve`):
+            // cut once here, the range is what the copy may touch.
+            let here = s
+                .remote
+                .checked_sub(buffer.addr)
+                .and_then(|o| o.checked_add(base));
+            let remote = match here.map(|addr| mapping.range(addr, s.len)) {
+                Some(Ok(remote)) => remote,
+                _ => {
+                    address_rejected(segment, s);
+                    continue;
+                }
+            };
             group_bytes += s.len;
             group.push(Copy {
-                remote: base + (s.remote - buffer.addr),
                 slice: s,
-                mapping,
+                remote,
                 device,
                 peer: peer_name.clone(),
             });
@@ -655,6 +663,12 @@ impl Transport for IpcTransport {
     fn decision(&self) -> Option<String> {
         Some(self.describe_decision())
     }
+}
+
+/// Fails `s`, whose remote range is not inside memory the peer registered and we mapped.
+fn address_rejected(segment: &SegmentId, s: Slice) {
+    let (peer, addr, len) = (segment.to_string(), s.remote, s.len);
+    s.finish(Err(TransferError::AddressRejected { peer, addr, len }));
 }
 
 impl Drop for IpcTransport {
