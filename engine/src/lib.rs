@@ -26,6 +26,7 @@ pub mod deadline_io;
 pub mod device;
 pub mod engine;
 pub mod error;
+pub mod http_serve;
 pub mod log_throttle;
 pub mod logging;
 pub mod memory;

@@ -48,6 +48,12 @@ const MODULES: &[(&str, u32, &str)] = &[
         "shared: rate-limits the warning a bound logs when it bites; uses nothing of ours",
     ),
     (
+        "http_serve",
+        4,
+        "shared: the bounded HTTP/1.1 server of the metadata server, the metrics endpoint \
+         and the master's admin port; uses conn_limit and log_throttle",
+    ),
+    (
         "sys",
         3,
         "shared: the OS's C interface (libc) behind safe functions; uses nothing of ours",

@@ -1,4 +1,5 @@
-//! The HTTP metadata server (the wheel's `mooncake_http_metadata_server`), on `tiny_http`.
+//! The HTTP metadata server (the wheel's `mooncake_http_metadata_server`), on the bounded
+//! server of [`crate::http_serve`].
 //!
 //! Upstream's routes and status codes: one route, `/metadata`; `GET`, `PUT`, `DELETE`
 //! with `?key=<key>`; a missing or blank key is 400, `GET`/`DELETE` of a missing key 404,
@@ -15,15 +16,17 @@
 //!   and the `ram` key of the same segment. The engines need no heartbeat for this (an
 //!   upstream engine is probed the same way); the server must be able to reach their
 //!   handshake ports, or the sweep must be turned off (`--liveness-interval-sec 0`).
-//! - **Bounds.** Bodies over `max_body_bytes` are 413; beyond `max_keys` keys a new key
-//!   is 507; keys over [`MAX_KEY_BYTES`], with control characters or invalid UTF-8, and
-//!   PUT bodies that are not JSON (an `rpc_meta` body that is not `{ip_or_host_name,
-//!   rpc_port}`) are 400 with the reason. Not bounded: `tiny_http` serves each
-//!   connection on a thread of its own, without a cap on their number or a read timeout,
-//!   so a client that opens many connections and stops sending holds that many threads.
+//! - **Bounds.** Bodies over `max_body_bytes` are 413 (refused as soon as the length
+//!   passes it, nothing past it buffered); beyond `max_keys` keys a new key is 507; keys
+//!   over [`MAX_KEY_BYTES`], with control characters or invalid UTF-8, and PUT bodies that
+//!   are not JSON (an `rpc_meta` body that is not `{ip_or_host_name, rpc_port}`) are 400
+//!   with the reason. Connections are capped at `max_connections` (past it, 503), and a
+//!   client that sends nothing, trickles its head or sits idle is closed after
+//!   [`crate::http_serve::HEAD_TIMEOUT`]; a request and its reply get
+//!   [`crate::http_serve::REQUEST_TIMEOUT`] (see `http_serve` for the whole contract).
 
 use std::collections::HashMap;
-use std::io::{self, Read};
+use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,6 +37,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{engine_alive, KeySpace, RpcMeta};
 use crate::config::Config;
+use crate::http_serve::{self, Limits, Method, Reply, Request, Server, PLAIN};
 
 /// Longest key accepted.
 pub const MAX_KEY_BYTES: usize = 4096;
@@ -55,6 +59,8 @@ pub struct ServerOptions {
     pub probe_timeout: Duration,
     /// Threads answering requests.
     pub workers: usize,
+    /// Connections open at once; past it, 503.
+    pub max_connections: usize,
 }
 
 impl Default for ServerOptions {
@@ -66,6 +72,7 @@ impl Default for ServerOptions {
             liveness_misses: 3,
             probe_timeout: Duration::from_secs(2),
             workers: 4,
+            max_connections: http_serve::MAX_CONNECTIONS,
         }
     }
 }
@@ -81,22 +88,20 @@ struct State {
 
 /// A running server; dropping it stops it.
 pub struct HttpMetadataServer {
-    server: Arc<tiny_http::Server>,
-    addr: SocketAddr,
+    http: Server,
     state: Arc<State>,
-    threads: Vec<JoinHandle<()>>,
+    sweeper: Option<JoinHandle<()>>,
 }
 
 impl HttpMetadataServer {
     /// Listens on `addr` (port 0: any free port) and starts serving.
     pub fn start(addr: SocketAddr, opts: ServerOptions) -> io::Result<Self> {
-        let server =
-            tiny_http::Server::from_listener(listener(addr)?, None).map_err(io::Error::other)?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| io::Error::other("the server has no IP address"))?;
-        let server = Arc::new(server);
+        let limits = Limits {
+            max_connections: opts.max_connections,
+            max_body_bytes: opts.max_body_bytes,
+            workers: opts.workers,
+            ..Limits::default()
+        };
         let state = Arc::new(State {
             map: Mutex::new(HashMap::new()),
             opts,
@@ -105,39 +110,34 @@ impl HttpMetadataServer {
             stop_lock: Mutex::new(()),
             stop_cv: Condvar::new(),
         });
-        let mut threads = Vec::new();
-        for i in 0..state.opts.workers.max(1) {
-            let (server, state) = (server.clone(), state.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("md-http-{i}"))
-                    .spawn(move || serve(&server, &state))?,
-            );
-        }
-        if let Some(every) = state.opts.liveness_interval {
-            let state = state.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("md-liveness".into())
-                    .spawn(move || sweep_loop(&state, every))?,
-            );
-        }
+        let serving = state.clone();
+        let http = Server::start("md-http", addr, limits, move |req| handle(req, &serving))?;
+        let sweeper = match state.opts.liveness_interval {
+            Some(every) => {
+                let state = state.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("md-liveness".into())
+                        .spawn(move || sweep_loop(&state, every))?,
+                )
+            }
+            None => None,
+        };
         Ok(Self {
-            server,
-            addr,
+            http,
             state,
-            threads,
+            sweeper,
         })
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.http.addr()
     }
 
     /// The URL engines use: `http://addr/metadata`.
     pub fn url(&self) -> String {
-        format!("http://{}{ROUTE}", self.addr)
+        format!("http://{}{ROUTE}", self.addr())
     }
 
     /// Number of keys held.
@@ -152,9 +152,7 @@ impl HttpMetadataServer {
 
     /// Serves until the process ends.
     pub fn wait(mut self) {
-        for t in std::mem::take(&mut self.threads) {
-            let _ = t.join();
-        }
+        self.http.wait();
     }
 }
 
@@ -165,34 +163,8 @@ impl Drop for HttpMetadataServer {
             let _g = self.state.stop_lock.lock();
             self.state.stop_cv.notify_all();
         }
-        for _ in 0..self.threads.len() {
-            self.server.unblock();
-        }
-        for t in self.threads.drain(..) {
+        if let Some(t) = self.sweeper.take() {
             let _ = t.join();
-        }
-    }
-}
-
-/// The listening socket, with `TCP_NODELAY`, which Linux copies to every accepted socket:
-/// `tiny_http` writes a reply's head and body separately, and with Nagle's algorithm the
-/// body would wait for the client's delayed ACK (40 ms a request).
-fn listener(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
-    use socket2::{Domain, Socket, Type};
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    sock.set_reuse_address(true)?;
-    sock.set_nodelay(true)?;
-    sock.bind(&addr.into())?;
-    sock.listen(1024)?;
-    Ok(sock.into())
-}
-
-fn serve(server: &tiny_http::Server, state: &State) {
-    while !state.stop.load(Ordering::SeqCst) {
-        match server.recv() {
-            Ok(req) => handle(req, state),
-            Err(_) if state.stop.load(Ordering::SeqCst) => return,
-            Err(e) => tracing::warn!("metadata server: {e}"),
         }
     }
 }
@@ -204,49 +176,39 @@ fn text(status: u16, msg: impl Into<String>) -> Answer {
     (status, msg.into().into_bytes())
 }
 
-fn handle(mut req: tiny_http::Request, state: &State) {
-    let (status, body) = answer(&mut req, state);
-    let json = status == 200 && *req.method() == tiny_http::Method::Get;
-    let ctype = if json {
+fn handle(req: Request, state: &State) -> Reply {
+    let get = req.method == Method::GET;
+    let (status, body) = answer(req, state);
+    let ctype = if status == 200 && get {
         "application/json"
     } else {
-        "text/plain; charset=utf-8"
+        PLAIN
     };
-    let mut resp = tiny_http::Response::from_data(body).with_status_code(status);
-    if let Ok(h) = tiny_http::Header::from_bytes("Content-Type", ctype) {
-        resp = resp.with_header(h);
-    }
-    if let Err(e) = req.respond(resp) {
-        tracing::debug!("metadata server: reply not sent: {e}");
-    }
+    Reply::new(status, ctype, body)
 }
 
-fn answer(req: &mut tiny_http::Request, state: &State) -> Answer {
-    let url = req.url().to_string();
-    let (path, query) = url.split_once('?').unwrap_or((url.as_str(), ""));
-    if path != ROUTE {
-        return text(404, format!("no route {path:?}; the route is {ROUTE}"));
+fn answer(req: Request, state: &State) -> Answer {
+    if req.path != ROUTE {
+        return text(
+            404,
+            format!("no route {:?}; the route is {ROUTE}", req.path),
+        );
     }
-    let key = match parse_key(query) {
+    let key = match parse_key(&req.query) {
         Ok(k) => k,
         Err(why) => return text(400, why),
     };
-    match req.method() {
-        tiny_http::Method::Get => match state.map.lock().get(&key) {
+    match req.method {
+        Method::GET => match state.map.lock().get(&key) {
             Some(v) => (200, v.clone()),
             None => text(404, "metadata not found"),
         },
-        tiny_http::Method::Delete => match state.map.lock().remove(&key) {
+        Method::DELETE => match state.map.lock().remove(&key) {
             Some(_) => text(200, "metadata deleted"),
             None => text(404, "metadata not found"),
         },
-        tiny_http::Method::Put => {
-            let body = match read_body(req, state.opts.max_body_bytes) {
-                Ok(b) => b,
-                Err(a) => return a,
-            };
-            put(state, key, body)
-        }
+        // The body is within `max_body_bytes`: the server refused it otherwise.
+        Method::PUT => put(state, key, req.body),
         m => text(
             405,
             format!("method {m} not allowed; use GET, PUT or DELETE"),
@@ -279,23 +241,6 @@ fn parse_key(query: &str) -> Result<String, String> {
         return Err("key contains control characters".into());
     }
     Ok(key)
-}
-
-fn read_body(req: &mut tiny_http::Request, max: usize) -> Result<Vec<u8>, Answer> {
-    let too_big = || text(413, format!("body larger than {max} bytes"));
-    if req.body_length().is_some_and(|n| n > max) {
-        return Err(too_big());
-    }
-    let mut body = Vec::new();
-    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-    req.as_reader()
-        .take(limit)
-        .read_to_end(&mut body)
-        .map_err(|e| text(400, format!("reading the body: {e}")))?;
-    if body.len() > max {
-        return Err(too_big());
-    }
-    Ok(body)
 }
 
 fn put(state: &State, key: String, body: Vec<u8>) -> Answer {

@@ -9,7 +9,7 @@
 //! so a stream of distinct segment names cannot grow memory.
 //!
 //! The Prometheus text exposition is `prometheus-client`'s encoder; [`MetricsServer`]
-//! serves it on `MC_METRICS_PORT`, one connection at a time, with short timeouts.
+//! serves it on `MC_METRICS_PORT`, on the bounded server of `http_serve`.
 
 mod exposition;
 mod server;

@@ -7,9 +7,9 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use serde_json::{json, Value};
+use transfer_engine::http_serve::{self, Limits, Method, Request, Server};
 
 use super::service::{Role, Shared};
 use super::state::ObjectView;
@@ -18,60 +18,38 @@ use crate::codes::Code;
 /// Threads answering HTTP requests: scrapes and admin queries are rare and short.
 const WORKERS: usize = 2;
 
+/// Connections open at once: a scraper, health checks and an operator or two.
+const MAX_CONNECTIONS: usize = 32;
+
+/// Every route is a `GET`; this only lets a stray body be answered 405 rather than 413.
+const MAX_BODY_BYTES: usize = 4096;
+
 /// Most keys one `/batch_query_keys` answers for.
 const MAX_QUERY_KEYS: usize = 4096;
 
-/// The running HTTP server; stops when dropped.
+/// The running HTTP server (bounded as `http_serve` says); stops when dropped.
 pub struct AdminServer {
-    server: Arc<tiny_http::Server>,
-    addr: SocketAddr,
-    workers: Vec<JoinHandle<()>>,
+    http: Server,
 }
 
 impl AdminServer {
     /// Serves `shared` on `addr`.
     pub fn start(addr: SocketAddr, shared: Arc<Shared>) -> io::Result<Self> {
-        let server = tiny_http::Server::http(addr).map_err(io::Error::other)?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| io::Error::other("the metrics server has no IP address"))?;
-        let server = Arc::new(server);
-        let workers = (0..WORKERS)
-            .map(|i| {
-                let server = Arc::clone(&server);
-                let shared = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("master-http-{i}"))
-                    .spawn(move || {
-                        for req in server.incoming_requests() {
-                            answer(req, &shared);
-                        }
-                    })
-            })
-            .collect::<io::Result<Vec<_>>>()?;
-        Ok(Self {
-            server,
-            addr,
-            workers,
-        })
+        let limits = Limits {
+            max_connections: MAX_CONNECTIONS,
+            max_body_bytes: MAX_BODY_BYTES,
+            workers: WORKERS,
+            ..Limits::default()
+        };
+        let http = Server::start("master-http", addr, limits, move |req| {
+            answer(&req, &shared)
+        })?;
+        Ok(Self { http })
     }
 
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for AdminServer {
-    fn drop(&mut self) {
-        self.server.unblock();
-        for _ in 1..self.workers.len() {
-            self.server.unblock();
-        }
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
+        self.http.addr()
     }
 }
 
@@ -84,26 +62,17 @@ struct Reply {
 const TEXT: &str = "text/plain; version=0.0.4";
 const JSON: &str = "application/json; charset=utf-8";
 
-fn answer(req: tiny_http::Request, shared: &Shared) {
-    let url = req.url().to_string();
-    let (path, query) = url.split_once('?').unwrap_or((url.as_str(), ""));
-    let reply = if *req.method() != tiny_http::Method::Get {
+fn answer(req: &Request, shared: &Shared) -> http_serve::Reply {
+    let reply = if req.method != Method::GET {
         Reply {
             status: 405,
             content_type: TEXT,
             body: "only GET is served\n".into(),
         }
     } else {
-        route(path, query, shared)
+        route(&req.path, &req.query, shared)
     };
-    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], reply.content_type.as_bytes());
-    let mut resp = tiny_http::Response::from_string(reply.body).with_status_code(reply.status);
-    if let Ok(h) = header {
-        resp = resp.with_header(h);
-    }
-    if let Err(e) = req.respond(resp) {
-        tracing::debug!("metrics port: reply to {path} not sent: {e}");
-    }
+    http_serve::Reply::new(reply.status, reply.content_type, reply.body)
 }
 
 fn param<'a>(query: &'a str, name: &str) -> Option<std::borrow::Cow<'a, str>> {
