@@ -38,6 +38,7 @@
 #![deny(clippy::indexing_slicing)]
 
 pub mod backend;
+mod connector;
 mod endpoint_cut;
 pub mod fake;
 mod path;
@@ -63,8 +64,9 @@ use crate::memory::Region;
 use crate::metrics::ConnectionCounters;
 use crate::wire::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
 use crate::wire::rdma::{format_gid, split_nic_path, ConnectMsg};
-use crate::wire::session::{HostPort, SegmentId};
+use crate::wire::session::SegmentId;
 use backend::{MrKeys, Nic, QueuePair, RemoteQp};
+pub use connector::{Connector, HandshakeConnector};
 use path::Choice;
 use peer::{staged_at_peer, Peer};
 use worker::{Msg, Work};
@@ -119,40 +121,6 @@ impl Default for RdmaParams {
             max_cqe: 4096,
             force_hca: false,
         }
-    }
-}
-
-/// Sends a connection request (handshake type 0) to a peer's RPC address and returns
-/// the reply's JSON.
-pub trait Connector: Send + Sync {
-    /// One request and its reply; `Err` says why there is no reply.
-    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, String>;
-}
-
-/// The engine's handshake client.
-#[derive(Debug)]
-pub struct HandshakeConnector {
-    config: Config,
-}
-
-impl HandshakeConnector {
-    /// A connector with the engine's handshake settings and bounds.
-    pub fn new(config: &Config) -> Self {
-        Self {
-            config: config.clone(),
-        }
-    }
-}
-
-impl Connector for HandshakeConnector {
-    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, String> {
-        crate::metadata::handshake::request(
-            peer,
-            crate::wire::handshake::MessageType::Connection,
-            json,
-            &self.config,
-        )
-        .map_err(|e| e.to_string())
     }
 }
 
@@ -229,21 +197,11 @@ impl Shared {
             .local_region
             .as_ref()
             .map_or("*", |r| r.location.as_str());
-        let pinned;
-        let local = match work.slice.batch.nic_hint() {
-            // The engine checked the name against `local_nics` before posting.
-            Some(name) => match self.nics.iter().position(|n| n.name() == name) {
-                Some(i) => {
-                    pinned = Choice::only(i);
-                    &pinned
-                }
-                None => {
-                    return work.fail(TransferError::Canceled(
-                        "nic_hint names no HCA of the RDMA transport",
-                    ))
-                }
-            },
-            None => self.local_choices.get(location).unwrap_or(&self.any_local),
+        let by_location = self.local_choices.get(location).unwrap_or(&self.any_local);
+        let names = self.nics.iter().map(|n| n.name());
+        let Some(local) = path::local(work.slice.batch.nic_hint(), names, by_location) else {
+            // The engine checked the hint against `local_nics` before posting.
+            return work.fail(TransferError::Canceled("unknown nic_hint"));
         };
         let peer = work.route.peer.segment.clone();
         let Some(remote) = work
@@ -258,7 +216,7 @@ impl Shared {
                 reason: "buffer index out of range".into(),
             });
         };
-        let Some((l, r)) = path::route(local, remote, work.route.rr, work.route.attempt) else {
+        let Some((l, r)) = path::route(&local, remote, work.route.rr, work.route.attempt) else {
             let reason = "the peer's descriptor lists no RDMA device".to_string();
             return work.fail(TransferError::PeerUnreachable { peer, reason });
         };

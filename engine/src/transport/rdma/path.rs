@@ -1,6 +1,7 @@
 //! Which HCA pair carries a slice, and which slices travel together: pure functions of
 //! the topology, the peer's priority matrix and the attempt number.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// Candidate HCAs for one buffer location, as indices into a device list: the
@@ -65,6 +66,21 @@ impl Choice {
         }
         let start = rr % self.preferred.max(1);
         self.list.get((start + step) % n).copied()
+    }
+}
+
+/// The local candidates of a slice: the device its batch's `nic_hint` names, alone, else
+/// `by_location`. `None`: no device of `names` (the transport's, in order) has that name.
+pub fn local<'a, 'n>(
+    hint: Option<&str>,
+    mut names: impl Iterator<Item = &'n str>,
+    by_location: &'a Choice,
+) -> Option<Cow<'a, Choice>> {
+    match hint {
+        None => Some(Cow::Borrowed(by_location)),
+        Some(hint) => names
+            .position(|n| n == hint)
+            .map(|i| Cow::Owned(Choice::only(i))),
     }
 }
 
