@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Same-host GPU to GPU over IPC (`nvlink_intra`) with our wheel, on two CUDA GPUs.
+"""Same-host GPU to GPU over IPC (`nvlink_intra`) with our wheel, on two CUDA GPUs (or two processes on one).
 
-Two engine processes: a target on cuda:0 and this initiator on cuda:1, protocol "tcp"
+Two engine processes: a target on cuda:0 and this initiator on cuda:1 (cuda:0 on a one-GPU host), protocol "tcp"
 (the engine takes device-to-device requests to a same-host peer over IPC on its own).
 Checks bytes both ways for registered and unregistered tensors, tensors from PyTorch's
 caching allocator (offsets inside a larger allocation, read from the descriptor), the same
@@ -33,6 +33,10 @@ MiB = 1 << 20
 BENCH = 256 * MiB
 SMALL = 300 << 10
 BLOCKS = (64 << 10, MiB, 4 * MiB, 64 * MiB)  # caching-allocator tensors: several share one 2 MiB block
+# The initiator's GPU: cuda:1 where there are two; on a one-GPU host both processes share
+# cuda:0 (IPC between processes on one device: the same handles, no peer link).
+INIT = 1 if torch.cuda.device_count() > 1 else 0
+INIT_DEV = f"cuda:{INIT}"
 
 
 def fetch_descriptor(session):
@@ -158,21 +162,21 @@ def verify(e, size, vmm=False):
     check(any(s.get("shm_offset", 0) > 0 for s in smalls),
           "caching-allocator tensors lie at offsets inside a shared allocation")
 
-    torch.cuda.set_device(1)
-    local = torch.zeros(size, dtype=torch.uint8, device="cuda:1")
-    check(e.register_memory(local.data_ptr(), size, "*") == 0, "register a cuda:1 tensor")
+    torch.cuda.set_device(INIT)
+    local = torch.zeros(size, dtype=torch.uint8, device=INIT_DEV)
+    check(e.register_memory(local.data_ptr(), size, "*") == 0, f"register a {INIT_DEV} tensor")
     t0 = time.perf_counter()
     rc = e.transfer_sync_read(seg, local.data_ptr(), tgt.addr("plain"), size)
     torch.cuda.synchronize()
     took = time.perf_counter() - t0
-    check(rc == 0 and torch.equal(local, pattern(size, 3, "cuda:1")),
-          f"cuda:1 <- cuda:0 read, bytes verified ({size / took / 1e9:.1f} GB/s with the first open)")
+    check(rc == 0 and torch.equal(local, pattern(size, 3, INIT_DEV)),
+          f"{INIT_DEV} <- cuda:0 read, bytes verified ({size / took / 1e9:.1f} GB/s with the first open)")
     t0 = time.perf_counter()
     rc = e.transfer_sync_read(seg, local.data_ptr(), tgt.addr("plain"), size)
     took = time.perf_counter() - t0
     check(rc == 0 and size / took > 30e9,
           f"the second read runs at IPC speed, not TCP's ({size / took / 1e9:.1f} GB/s)")
-    local.copy_(pattern(size, 9, "cuda:1"))
+    local.copy_(pattern(size, 9, INIT_DEV))
     torch.cuda.synchronize()
     blk = 4 * MiB
     n = size // blk
@@ -181,23 +185,23 @@ def verify(e, size, vmm=False):
     tail = size - n * blk
     if tail:
         rc |= e.transfer_sync_write(seg, local.data_ptr() + n * blk, tgt.addr("plain") + n * blk, tail)
-    check(rc == 0 and tgt.sha(tgt.addr("plain"), size) == sha(local), "cuda:1 -> cuda:0 batch write, target bytes verified")
-    back = torch.zeros(size, dtype=torch.uint8, device="cuda:1")  # not registered
+    check(rc == 0 and tgt.sha(tgt.addr("plain"), size) == sha(local), f"{INIT_DEV} -> cuda:0 batch write, target bytes verified")
+    back = torch.zeros(size, dtype=torch.uint8, device=INIT_DEV)  # not registered
     rc = e.transfer_sync_read(seg, back.data_ptr(), tgt.addr("plain"), size)
     torch.cuda.synchronize()
     check(rc == 0 and torch.equal(back, local), "read into an unregistered tensor, bytes verified")
     # The view: write into it, neighbours in the same allocation untouched.
     vaddr, vlen = tgt.info["view"]
     big_addr, big_len = tgt.info["big"]
-    before = pattern(big_len, 4, "cuda:1")
-    src = pattern(vlen, 77, "cuda:1")
+    before = pattern(big_len, 4, INIT_DEV)
+    src = pattern(vlen, 77, INIT_DEV)
     torch.cuda.synchronize()
     rc = e.transfer_sync_write(seg, src.data_ptr(), vaddr, vlen)
     expect = before.clone()
     expect[MiB + 123: MiB + 123 + 5 * MiB] = src
     check(rc == 0 and tgt.sha(big_addr, big_len) == sha(expect),
           "write into a view at offset 1 MiB+123 of a 64 MiB tensor: view written, rest untouched")
-    rbuf = torch.zeros(vlen, dtype=torch.uint8, device="cuda:1")
+    rbuf = torch.zeros(vlen, dtype=torch.uint8, device=INIT_DEV)
     rc = e.transfer_sync_read(seg, rbuf.data_ptr(), vaddr, vlen)
     torch.cuda.synchronize()
     check(rc == 0 and torch.equal(rbuf, src), "read the view back")
@@ -205,11 +209,11 @@ def verify(e, size, vmm=False):
     ok = True
     for k in range(4):
         a, m = tgt.info[f"small{k}"]
-        got = torch.zeros(m, dtype=torch.uint8, device="cuda:1")
+        got = torch.zeros(m, dtype=torch.uint8, device=INIT_DEV)
         ok &= e.transfer_sync_read(seg, got.data_ptr(), a, m) == 0
         torch.cuda.synchronize()
-        ok &= torch.equal(got, pattern(m, 10 + k, "cuda:1"))
-        w = pattern(m, 50 + k, "cuda:1")
+        ok &= torch.equal(got, pattern(m, 10 + k, INIT_DEV))
+        w = pattern(m, 50 + k, INIT_DEV)
         torch.cuda.synchronize()
         ok &= e.transfer_sync_write(seg, w.data_ptr(), a, m) == 0
         ok &= tgt.sha(a, m) == sha(w)
@@ -226,7 +230,7 @@ def verify(e, size, vmm=False):
     check(rc == 0, "write over IPC before the target unregisters")
     rc, took = tgt.unregister(pa)
     before = tgt.sha(pa, size)
-    other = pattern(size, 31, "cuda:1")
+    other = pattern(size, 31, INIT_DEV)
     torch.cuda.synchronize()
     rc2 = e.transfer_sync_write(seg, other.data_ptr(), pa, size)
     check(rc == 0 and rc2 != 0 and tgt.sha(pa, size) == before,
@@ -237,8 +241,8 @@ def verify(e, size, vmm=False):
 def killed_mid_batch(e):
     tgt = Target(0, MiB, bench=1024 * MiB)
     seg = tgt.session
-    torch.cuda.set_device(1)
-    src = pattern(1024 * MiB, 8, "cuda:1")
+    torch.cuda.set_device(INIT)
+    src = pattern(1024 * MiB, 8, INIT_DEV)
     torch.cuda.synchronize()
     blk = 4 * MiB
     a = tgt.addr("bench")
@@ -259,10 +263,10 @@ def killed_mid_batch(e):
     check(rc != 0 and took < 60, f"a transfer to the killed target fails ({rc}, {took:.2f} s) instead of writing into its orphaned memory")
     # The engine still serves another target.
     t2 = Target(0, 4 * MiB, bench=MiB)
-    got = torch.zeros(4 * MiB, dtype=torch.uint8, device="cuda:1")
+    got = torch.zeros(4 * MiB, dtype=torch.uint8, device=INIT_DEV)
     rc = e.transfer_sync_read(t2.session, got.data_ptr(), t2.addr("plain"), 4 * MiB)
     torch.cuda.synchronize()
-    check(rc == 0 and torch.equal(got, pattern(4 * MiB, 3, "cuda:1")), "the engine keeps working with a new target")
+    check(rc == 0 and torch.equal(got, pattern(4 * MiB, 3, INIT_DEV)), "the engine keeps working with a new target")
     t2.close()
 
 
@@ -278,8 +282,8 @@ def measure(fn, nbytes, duration):
 
 
 def bench_engine(e, tgt, block, duration, scatter=False):
-    torch.cuda.set_device(1)
-    src = pattern(BENCH, 6, "cuda:1")
+    torch.cuda.set_device(INIT)
+    src = pattern(BENCH, 6, INIT_DEV)
     torch.cuda.synchronize()
     assert e.register_memory(src.data_ptr(), BENCH, "*") == 0
     n = BENCH // block
@@ -314,13 +318,13 @@ def bench_engine(e, tgt, block, duration, scatter=False):
     expect = torch.empty_like(src)
     for i in range(n):
         expect[order[i] * block:(order[i] + 1) * block] = src[i * block:(i + 1) * block]
-    ok = tgt.sha(tgt.addr("bench"), BENCH) == sha(expect) and torch.equal(src, pattern(BENCH, 6, "cuda:1"))
+    ok = tgt.sha(tgt.addr("bench"), BENCH) == sha(expect) and torch.equal(src, pattern(BENCH, 6, INIT_DEV))
     e.unregister_memory(src.data_ptr())
     return out, ok
 
 
 def bench_raw(block, duration):
-    a = pattern(BENCH, 6, "cuda:1")
+    a = pattern(BENCH, 6, INIT_DEV)
     b = torch.zeros(BENCH, dtype=torch.uint8, device="cuda:0")
     n = BENCH // block
     out = {}
@@ -367,8 +371,8 @@ def bench_native(block, duration, streams=1, peer_call=True):
     plain.argtypes = [vp, vp, sz, ctypes.c_int, vp]
     sync = rt.cudaStreamSynchronize
     sync.argtypes = [vp]
-    torch.cuda.set_device(1)
-    a = pattern(BENCH, 6, "cuda:1")
+    torch.cuda.set_device(INIT)
+    a = pattern(BENCH, 6, INIT_DEV)
     b = torch.zeros(BENCH, dtype=torch.uint8, device="cuda:0")
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
@@ -395,7 +399,7 @@ def bench_native(block, duration, streams=1, peer_call=True):
         if bad:
             raise RuntimeError(f"native copies failed ({len(bad)} calls)")
     torch.cuda.synchronize(1)
-    ok = torch.equal(a, b.to("cuda:1"))
+    ok = torch.equal(a, b.to(INIT_DEV))
     return out, ok
 
 
@@ -412,8 +416,11 @@ def bench(args):
 
 
 def main(args):
-    check(torch.cuda.device_count() >= 2, f"two GPUs ({torch.cuda.device_count()}, torch {torch.__version__})")
-    print("peer access 1->0:", torch.cuda.can_device_access_peer(1, 0), flush=True)
+    check(torch.cuda.device_count() >= 1, f"a GPU ({torch.cuda.device_count()}, torch {torch.__version__})")
+    if INIT:
+        print("peer access 1->0:", torch.cuda.can_device_access_peer(1, 0), flush=True)
+    else:
+        print("one GPU: target and initiator both on cuda:0", flush=True)
     e = new_engine()
     verify(e, args.size)
     verify(e, args.size, vmm=True)
