@@ -103,6 +103,12 @@ pub struct SubmitOptions {
     pub nic: Option<String>,
 }
 
+/// The options of a synchronous call: the submitter waits at once, the topology picks.
+const CALLER_WAITS: SubmitOptions = SubmitOptions {
+    caller_waits: true,
+    nic: None,
+};
+
 /// A notification received from a peer.
 pub type Notify = NotifyMsg;
 
@@ -412,11 +418,7 @@ impl TransferEngine {
         requests: &[Request],
     ) -> Result<Batch, EngineError> {
         let id = self.inner.segment_id(segment)?;
-        let options = SubmitOptions {
-            caller_waits: true,
-            ..SubmitOptions::default()
-        };
-        self.inner.submit(&id, requests, &options)
+        self.inner.submit(&id, requests, &CALLER_WAITS)
     }
 
     /// Submits and waits until the batch's deadline. On a timeout the batch is drained
@@ -431,11 +433,7 @@ impl TransferEngine {
     ) -> Result<(), EngineError> {
         // The caller's contract covers the lending; the internal path is safe code.
         let id = self.inner.segment_id(segment)?;
-        let options = SubmitOptions {
-            caller_waits: true,
-            ..SubmitOptions::default()
-        };
-        let batch = self.inner.submit(&id, requests, &options)?;
+        let batch = self.inner.submit(&id, requests, &CALLER_WAITS)?;
         batch.wait().map_err(|source| EngineError::Transfer {
             segment: segment.to_string(),
             source,
