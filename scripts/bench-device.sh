@@ -46,6 +46,9 @@
 #                  (10) of DURATION (2) s, pinned to CPUS (0-15): scripts/metrics-ab.sh
 #   store          Mooncake Store, ours (wheel) against upstream's (store-upstream), host memory
 #                  over TCP: bench/store/store_bench.py --raw, N rounds (3) of DURATION (3) s
+#   on-cuda        the `*_on_cuda` calls (tests/gpu/on_cuda.py): ordering checked and timed on
+#                  cuda:0, GPU and pinned host memory, 1 and 64 MiB, ours ($CARRY/wheel) and,
+#                  with .devcarry/, upstream 0.3.14 in the same run; N rounds (2), order rotated
 #   ipc            same-host GPU IPC against native copy loops and TCP, kind nvidia-h200-x2
 #                  (tests/gpu/run_ipc_on_device.sh --threads, the wheel from $CARRY); with
 #                  .devcarry/, the nvlink_intra interop with upstream too
@@ -254,6 +257,36 @@ b_store() {  # wrappers give each store a `python` and a `mooncake_master` side 
         --rounds "${1:-3}" --seconds "${DURATION:-3}" --raw 2>&1 | tee "$O/store.log"
 }
 
+b_on_cuda() {  # each implementation and memory kind in its own process: a hang costs one row
+    local n=${1:-2} r i k rc impls env
+    [ -d "$CARRY/wheel" ] || die "no $CARRY/wheel: scripts/bench-device.sh prepare wheel"
+    impls=(ours); [ -d .devcarry/up ] && impls+=(upstream)
+    for r in $(seq "$n"); do
+        [ $((r % 2)) -eq 0 ] && impls=("${impls[@]:1}" "${impls[0]}")
+        for i in "${impls[@]}"; do
+            for k in pinned cuda; do
+                if [ "$i" = ours ]; then env=(PYTHONPATH="$CARRY/wheel")
+                else env=(LD_LIBRARY_PATH="$REPO/.devcarry/libs:/usr/local/cuda-13.0/targets/x86_64-linux/lib"
+                          PYTHONPATH="$REPO/.devcarry/up" MC_FORCE_TCP=1); fi
+                env "${env[@]}" timeout "${ON_CUDA_TIMEOUT:-90}" python3 tests/gpu/on_cuda.py --impl "$i" \
+                    --kinds "$k" 2>"$O/on-cuda-$i-$k-$r.err" | sed "s/^{/{\"round\": $r, /" >>"$O/on-cuda.jsonl"
+                rc=${PIPESTATUS[0]}
+                [ "$rc" = 124 ] && echo "{\"round\": $r, \"impl\": \"$i\", \"memory\": \"$k\", \"error\": \"timed out after ${ON_CUDA_TIMEOUT:-90} s\"}" >>"$O/on-cuda.jsonl"
+                echo "on-cuda $i $k round $r exit $rc"
+            done
+        done
+    done
+    python3 - "$O/on-cuda.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "call" in r or "error" in r:
+        print(r["round"], r["impl"], r.get("call", "-"), r.get("memory"), r.get("bytes", 0) >> 20, "MiB",
+              "wrong", r.get("wrong"), r.get("gbps"), "GB/s", "p50", r.get("done_p50_us"), "returned",
+              r.get("return_p50_us"), r.get("error", ""))
+PY
+}
+
 b_ipc() {
     local h
     [ -d "$CARRY/wheel" ] || die "no $CARRY/wheel: scripts/bench-device.sh prepare wheel"
@@ -277,8 +310,9 @@ for b in "${BENCHES[@]}"; do
     case $b in
     table | link | gpu | iperf | fresh | store | ipc) "b_$b" $N ;;
     copy-ceiling) b_copy_ceiling $N ;;
+    on-cuda) b_on_cuda $N ;;
     metrics-ab) b_metrics_ab $N ;;
-    *) die "unknown benchmark '$b' (table link gpu copy-ceiling iperf fresh metrics-ab store ipc)" ;;
+    *) die "unknown benchmark '$b' (table link gpu copy-ceiling iperf fresh metrics-ab store on-cuda ipc)" ;;
     esac
 done
 date -u

@@ -9,7 +9,8 @@ medians: put and get GB/s and batch p50/p99 (``batch_put_from`` / ``batch_get_in
 registered memory) for each shape, and ``batch_is_exist`` of 1,000 keys per second.
 
 With ``--raw``, each round also runs our engine alone on the same placement (a worker
-writing into and reading from a holder's registered buffer, one batch per call, through
+writing into and reading from a holder's registered buffer of the segment's size, puts on
+fresh space each batch and gets on the last batch, one batch per call, through
 ``TransferEngine.batch_transfer_sync_write``/``_read``): the ceiling the store adds its
 metadata calls to. Put is set against the raw write, get against the raw read.
 
@@ -89,8 +90,10 @@ s.close()
 
 RAW = FIGURES + r'''
 from mooncake.engine import TransferEngine
-seconds, shapes, role = float(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+seconds, shapes, role, segment = float(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 span = max(size * n for _, size, n in shapes)
+if role == "holder":
+    span = segment
 e = TransferEngine()
 assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
 buf = ctypes.create_string_buffer(span)
@@ -100,16 +103,21 @@ if role == "holder":
     print(json.dumps({"peer": f"127.0.0.1:{e.get_rpc_port()}", "addr": ptr}), flush=True)
     sys.stdin.read()
     sys.exit(0)
-peer, remote = sys.argv[4], int(sys.argv[5])
+peer, remote = sys.argv[5], int(sys.argv[6])
 out = {}
 for name, size, n in shapes:
     mine = [ptr + i * size for i in range(n)]
-    theirs = [remote + i * size for i in range(n)]
     sizes = [size] * n
     res = {}
     for op, call in (("put", e.batch_transfer_sync_write), ("get", e.batch_transfer_sync_read)):
         lat, moved, r, t0 = [], 0, 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
+            # The store's placement: each put lands on fresh space of the segment, each get
+            # reads the last batch put, so the raw write walks the segment and the raw read
+            # stays on one batch (a write to a region that fits in the cache would be faster
+            # than any store's put).
+            first = r * n if op == "put" else 0
+            theirs = [remote + ((first + i) * size) % (segment - segment % size) for i in range(n)]
             a = time.perf_counter()
             assert call(peer, mine, theirs, sizes) == 0
             lat.append(time.perf_counter() - a)
@@ -139,10 +147,10 @@ def holder_then_worker(python: str, script: str, holder_args: list, worker_args)
         holder.wait()
 
 
-def run_raw(python: str, seconds: float) -> dict:
+def run_raw(python: str, seconds: float, segment: int) -> dict:
     args = [str(seconds), json.dumps(SHAPES)]
-    return holder_then_worker(python, RAW, [*args, "holder"],
-                              lambda where: [*args, "worker", where["peer"], str(where["addr"])])
+    return holder_then_worker(python, RAW, [*args, "holder", str(segment)],
+                              lambda where: [*args, "worker", str(segment), where["peer"], str(where["addr"])])
 
 
 def free_port() -> int:
@@ -192,7 +200,7 @@ def main() -> None:
             order.insert(1, "raw")
         for impl in order:
             if impl == "raw":
-                res = run_raw(a.ours, a.seconds)
+                res = run_raw(a.ours, a.seconds, a.segment_mib << 20)
             else:
                 res = run_round(getattr(a, impl), a.seconds, a.segment_mib << 20)
             results[impl].append(res)

@@ -336,7 +336,7 @@ def bench_raw(block, duration):
             for s, d in zip(sv, dv):
                 d.copy_(s, non_blocking=True)
             torch.cuda.synchronize(0)
-            torch.cuda.synchronize(1)
+            torch.cuda.synchronize(INIT)
         out[op] = measure(go, BENCH, duration)
     return out
 
@@ -375,7 +375,7 @@ def bench_native(block, duration, streams=1, peer_call=True):
     a = pattern(BENCH, 6, INIT_DEV)
     b = torch.zeros(BENCH, dtype=torch.uint8, device="cuda:0")
     torch.cuda.synchronize(0)
-    torch.cuda.synchronize(1)
+    torch.cuda.synchronize(INIT)
     ss = [torch.cuda.Stream(device=1).cuda_stream for _ in range(streams)]
     n = BENCH // block
     out = {}
@@ -398,7 +398,7 @@ def bench_native(block, duration, streams=1, peer_call=True):
         out[op] = measure(go, BENCH, duration)
         if bad:
             raise RuntimeError(f"native copies failed ({len(bad)} calls)")
-    torch.cuda.synchronize(1)
+    torch.cuda.synchronize(INIT)
     ok = torch.equal(a, b.to(INIT_DEV))
     return out, ok
 

@@ -5,7 +5,7 @@ Run by run_ipc_on_device.sh with the carried folder as argument: `up/` holds ups
 wheel and `libs/` its missing libraries (../shared/tools/carry-upstream-for-gpu-host.sh);
 our wheel is unzipped in `site/`. Each engine runs in its own process (both import
 `mooncake.engine`): a target on cuda:0 registers a 64 MiB tensor, an initiator on cuda:1
-reads it, writes a new pattern and the target's bytes are compared.
+(cuda:0 on a one-GPU host) reads it, writes a new pattern and the target's bytes are compared.
 
     python3 ipc_interop.py main CARRIED_DIR
 """
@@ -60,17 +60,18 @@ def target(protocol):
 def initiator(protocol, session, addr):
     import torch
     from mooncake.engine import TransferEngine
-    torch.cuda.set_device(1)
+    dev = f"cuda:{1 if torch.cuda.device_count() > 1 else 0}"
+    torch.cuda.set_device(dev)
     e = TransferEngine()
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0
-    local = torch.zeros(SIZE, dtype=torch.uint8, device="cuda:1")
-    e.register_memory(local.data_ptr(), SIZE, "cuda:1")
+    local = torch.zeros(SIZE, dtype=torch.uint8, device=dev)
+    e.register_memory(local.data_ptr(), SIZE, dev)
     t0 = time.perf_counter()
     rc = e.transfer_sync_read(session, local.data_ptr(), addr, SIZE)
     dt = time.perf_counter() - t0
     torch.cuda.synchronize()
-    ok_read = rc == 0 and torch.equal(local, pattern(torch, SIZE, 3, "cuda:1"))
-    src = pattern(torch, SIZE, 9, "cuda:1")
+    ok_read = rc == 0 and torch.equal(local, pattern(torch, SIZE, 3, dev))
+    src = pattern(torch, SIZE, 9, dev)
     torch.cuda.synchronize()
     rc2 = e.transfer_sync_write(session, src.data_ptr(), addr, SIZE)
     reps, t1 = 0, time.perf_counter()
