@@ -161,7 +161,7 @@ fn transfer_cause(target: &str, e: &TransferError) -> Cause {
             Some(peer),
             Some(format!("{}; the peer's data port must be reachable from here (MC_TCP_BIND_ADDRESS on the peer)", peer_hint(target))),
         ),
-        TransferError::PeerGone { peer, .. } => cause(
+        TransferError::PeerLost { peer, .. } | TransferError::PeerGone { peer, .. } => cause(
             "peer_lost",
             Some(peer),
             Some(peer_hint(target)),
@@ -411,7 +411,9 @@ mod tests {
             target: "127.0.0.1:1".into(),
             source: TransferError::PeerUnreachable {
                 peer: "127.0.0.1:2".into(),
-                reason: "refused".into(),
+                cause: transfer_engine::error::Unreachable::Connect(
+                    std::io::ErrorKind::ConnectionRefused.into(),
+                ),
             },
         };
         let c = t.cause();

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::error::TransferError;
+use crate::error::{TransferError, Unreachable};
 use crate::memory::{Abort, MemSpan, Pin, Region};
 use crate::task::BatchState;
 use crate::wire::descriptor::{BufferDesc, SegmentDesc};
@@ -333,7 +333,7 @@ pub trait Transport: Send + Sync {
 
     /// Why the peer recently could not be reached, if it could not: the engine then
     /// fetches its descriptor again (it may have restarted elsewhere).
-    fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<String>;
+    fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<Unreachable>;
 
     /// The largest piece a request is cut into.
     fn slice_size(&self) -> u64;

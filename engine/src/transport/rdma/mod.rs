@@ -59,14 +59,14 @@ use parking_lot::{Mutex, RwLock};
 
 use super::{Slice, Transport, TransportError};
 use crate::config::Config;
-use crate::error::TransferError;
+use crate::error::{LinkLoss, TransferError, Unreachable, Violation};
 use crate::memory::Region;
 use crate::metrics::ConnectionCounters;
 use crate::wire::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
 use crate::wire::rdma::{format_gid, split_nic_path, ConnectMsg};
 use crate::wire::session::SegmentId;
 use backend::{MrKeys, Nic, QueuePair, RemoteQp};
-pub use connector::{Connector, HandshakeConnector};
+pub use connector::{Connector, ExchangeError, HandshakeConnector};
 use path::Choice;
 use peer::{staged_at_peer, Peer};
 use worker::{Msg, Work};
@@ -164,7 +164,7 @@ pub(crate) struct Shared {
     workers: Vec<Sender<Msg>>,
     rr: AtomicUsize,
     /// Last handshake failure per segment, so the engine can look the peer up again.
-    dead: Mutex<HashMap<String, (Instant, String)>>,
+    dead: Mutex<HashMap<String, (Instant, Unreachable)>>,
     /// Endpoints set up and rebuilt, slices retried over another HCA pair.
     pub(crate) counters: ConnectionCounters,
 }
@@ -185,12 +185,12 @@ impl Shared {
                 .route
                 .last_error
                 .take()
-                .unwrap_or(TransferError::PeerGone {
+                .unwrap_or(TransferError::PeerLost {
                     peer: work.route.peer.segment.clone(),
-                    reason: "no path left".into(),
+                    cause: LinkLoss::NoPathLeft,
                 });
             let attempts = work.route.attempt;
-            return work.fail(exhausted(err, attempts));
+            return work.fail(err.after_attempts(attempts));
         }
         let location = work
             .slice
@@ -211,14 +211,17 @@ impl Shared {
             .get(work.route.buffer)
             .map(|b| &b.choice)
         else {
+            let index = work.route.buffer;
             return work.fail(TransferError::Protocol {
                 peer,
-                reason: "buffer index out of range".into(),
+                violation: Violation::BufferIndex { index },
             });
         };
         let Some((l, r)) = path::route(&local, remote, work.route.rr, work.route.attempt) else {
-            let reason = "the peer's descriptor lists no RDMA device".to_string();
-            return work.fail(TransferError::PeerUnreachable { peer, reason });
+            return work.fail(TransferError::PeerUnreachable {
+                peer,
+                cause: Unreachable::NoRdmaDevice,
+            });
         };
         work.route.remote_dev = r;
         match self.workers.get(l) {
@@ -239,12 +242,12 @@ impl Shared {
         r.keys.get(nic).map(|k| k.lkey)
     }
 
-    fn mark_dead(&self, segment: &str, why: &str) {
+    fn mark_dead(&self, segment: &str, why: &Unreachable) {
         let mut dead = self.dead.lock();
         if dead.len() > 4096 {
             dead.retain(|_, (at, _)| at.elapsed() < DEAD_PEER_HOLD);
         }
-        dead.insert(segment.to_string(), (Instant::now(), why.to_string()));
+        dead.insert(segment.to_string(), (Instant::now(), why.clone()));
     }
 
     /// The passive side of the endpoint handshake: checks the request, creates and
@@ -343,21 +346,6 @@ fn connect_qps(
         qps.push(qp);
     }
     Ok(qps)
-}
-
-/// The error a slice fails with once every attempt is spent.
-fn exhausted(err: TransferError, attempts: usize) -> TransferError {
-    match err {
-        TransferError::PeerGone { peer, reason } => TransferError::PeerGone {
-            peer,
-            reason: format!("{reason} (after {attempts} attempts over every path; MC_RETRY_CNT)"),
-        },
-        TransferError::PeerUnreachable { peer, reason } => TransferError::PeerUnreachable {
-            peer,
-            reason: format!("{reason} (after {attempts} attempts over every path; MC_RETRY_CNT)"),
-        },
-        other => other,
-    }
 }
 
 /// The RDMA transport.
@@ -529,15 +517,9 @@ impl RdmaTransport {
         };
         // Staged memory reaches us only when the peer has no TCP to go to instead.
         if self.is_staged(region) {
-            let reason = format!(
-                "the local buffer at {:#x} is device memory no HCA could register \
-                 (staged), and the peer offers no TCP data port to stage it over; load \
-                 the peer-memory module (nvidia-peermem / mthreads-peermem)",
-                region.addr
-            );
             return Err(TransferError::PeerUnreachable {
                 peer: segment.to_string(),
-                reason,
+                cause: Unreachable::LocalStaged { addr: region.addr },
             });
         }
         let Some(buffer) = peer.buffer(s.remote, s.len) else {
@@ -552,19 +534,12 @@ impl RdmaTransport {
             .get(buffer)
             .is_some_and(|b| b.rkeys.iter().all(|&k| k == 0))
         {
-            let reason = format!(
-                "its buffer at {:#x} is staged (no HCA of the peer could register that \
-                 device memory: load its peer-memory module), and {}",
-                s.remote,
-                if self.shared.params.force_hca {
-                    "MC_FORCE_HCA=1 forbids moving it over TCP"
-                } else {
-                    "it offers no TCP data port"
-                }
-            );
             return Err(TransferError::PeerUnreachable {
                 peer: segment.to_string(),
-                reason,
+                cause: Unreachable::PeerStaged {
+                    addr: s.remote,
+                    force_hca: self.shared.params.force_hca,
+                },
             });
         }
         Ok(buffer)
@@ -655,7 +630,7 @@ impl Transport for RdmaTransport {
             || (staged_at_peer(remote) && !self.shared.params.force_hca)
     }
 
-    fn unreachable(&self, segment: &SegmentId, _peer: &SegmentDesc) -> Option<String> {
+    fn unreachable(&self, segment: &SegmentId, _peer: &SegmentDesc) -> Option<Unreachable> {
         let dead = self.shared.dead.lock();
         dead.get(segment.name())
             .filter(|(at, _)| at.elapsed() < DEAD_PEER_HOLD)

@@ -38,7 +38,7 @@ struct Net {
 }
 
 impl Connector for Net {
-    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, String> {
+    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, ExchangeError> {
         self.handshakes.fetch_add(1, Ordering::SeqCst);
         let delay = *self.delay.lock();
         std::thread::sleep(delay);

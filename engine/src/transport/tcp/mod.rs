@@ -28,6 +28,7 @@ use parking_lot::Mutex;
 
 use super::{Slice, Transport, TransportError};
 use crate::config::Config;
+use crate::error::Unreachable;
 use crate::memory::MemoryRegistry;
 use crate::net;
 use crate::wire::descriptor::SegmentDesc;
@@ -202,7 +203,7 @@ impl Transport for TcpTransport {
         peer.speaks_tcp()
     }
 
-    fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<String> {
+    fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<Unreachable> {
         let addr = self.data_addr(segment, peer).ok()?;
         let link = self
             .links
