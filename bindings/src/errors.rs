@@ -201,7 +201,6 @@ fn engine_cause(e: &EngineError) -> Cause {
             Some(format!("{} has a value the engine cannot use; mooncake-doctor checks every MC_* variable", c.var)),
         ),
         EngineError::Memory(_) => cause("memory", None, None),
-        EngineError::InvalidArgument(_) => cause("invalid_argument", None, None),
         EngineError::Listen { .. } => cause(
             "listen",
             None,
@@ -248,14 +247,20 @@ fn engine_cause(e: &EngineError) -> Cause {
             Some(format!("the {protocol} transport could not register this memory with its devices: mooncake-doctor (rdma.peermem) checks the peer-memory module device memory needs")),
         ),
         EngineError::Transfer { segment, source } => transfer_cause(segment, source),
-        EngineError::Segment { segment, .. } => cause("peer_unreachable", Some(segment), Some(peer_hint(segment))),
+        EngineError::NoCommonTransport { segment, .. } => cause("peer_unreachable", Some(segment), Some(peer_hint(segment))),
         EngineError::Handshake { peer, .. } => cause("peer_unreachable", Some(peer), Some(peer_hint(peer))),
-        EngineError::Device(_) => cause(
+        EngineError::Device { cause: c, .. } if c.is_callers() => cause(
+            "invalid_argument",
+            None,
+            Some("the location must name the device the memory is on (\"*\" finds it)".into()),
+        ),
+        EngineError::Device { .. } => cause(
             "gpu_unavailable",
             None,
             Some("MC_GPU_RUNTIME picks the runtime, MC_MUSART_PATH / MC_CUDART_PATH its file; mooncake-doctor (gpu.runtime) lists what was tried".into()),
         ),
-        EngineError::Unsupported(_) => cause("unsupported", None, None),
+        EngineError::Unsupported { .. } => cause("unsupported", None, None),
+        EngineError::UnknownNic(_) => cause("invalid_argument", None, None),
         EngineError::Wire(_) => cause("peer_protocol_error", None, None),
     }
 }
@@ -462,6 +467,44 @@ mod tests {
         assert_eq!(kind(refused), "peer_unreachable");
     }
 
+    /// Memory on another device than its location says is the caller's; a missing runtime
+    /// is the host's: told apart by the cause, not the message.
+    #[test]
+    fn device_mismatches_are_told_apart_by_cause() {
+        use transfer_engine::device::RuntimeUnavailable;
+        use transfer_engine::engine::error::DeviceMismatch;
+        let device = |cause: DeviceMismatch| {
+            BindingError::Engine(EngineError::Device {
+                location: "cuda:0".into(),
+                addr: 0x1000,
+                cause,
+            })
+            .info("register_memory")
+        };
+        let wrong = device(DeviceMismatch::OtherDevice { device: 1 });
+        assert_eq!((wrong.kind, wrong.fault), ("invalid_argument", "caller"));
+        let missing = device(RuntimeUnavailable::Disabled.into());
+        assert_eq!((missing.kind, missing.fault), ("gpu_unavailable", "host"));
+        assert_eq!(missing.code, -6);
+    }
+
+    /// A nic_hint naming no HCA of this engine is the caller's argument, code -1.
+    #[test]
+    fn an_unknown_nic_hint_is_an_invalid_argument() {
+        let e = BindingError::Engine(EngineError::UnknownNic(
+            transfer_engine::transport::UnknownNic {
+                name: "mlx5_9".into(),
+                protocol: "rdma",
+                nics: vec!["mlx5_0".into()],
+            },
+        ))
+        .info("transfer_sync_write");
+        assert_eq!(
+            (e.kind, e.fault, e.code),
+            ("invalid_argument", "caller", -1)
+        );
+    }
+
     #[test]
     fn engine_codes_pass_through() {
         let e = BindingError::Engine(EngineError::Memory(
@@ -472,7 +515,7 @@ mod tests {
         assert_eq!(status_code("register_memory", Err(e)), -3);
         let refused = EngineError::Handshake {
             peer: "127.0.0.1:1".into(),
-            reason: "refused".into(),
+            answer: transfer_engine::engine::error::HandshakeAnswer::NotifyRefused("full".into()),
         };
         assert_eq!(status("transfer_sync_write", Err(refused.into())), -1);
     }

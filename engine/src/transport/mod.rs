@@ -272,19 +272,28 @@ pub fn memlock() -> select::Memlock {
 /// How often the engine's housekeeping calls [`Transport::rest_idle`].
 pub const REST_TICK: std::time::Duration = std::time::Duration::from_millis(25);
 
+/// A `nic_hint` that names none of the NICs a transport of the batch chooses among.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("nic_hint {name:?} is not one of this engine's {protocol} devices ({}); name one of them, or pass \"\" to let the topology choose", .nics.join(", "))]
+pub struct UnknownNic {
+    /// The name the caller passed.
+    pub name: String,
+    /// The transport that has no NIC of that name.
+    pub protocol: &'static str,
+    /// The NICs it does choose among.
+    pub nics: Vec<String>,
+}
+
 /// Why `nic_hint` `name` cannot carry a batch over `transports`, if it cannot: each
 /// transport that chooses among several local NICs must have one of that name; those
 /// without the choice accept any name, having nothing to pick.
-pub(crate) fn unknown_nic(name: &str, transports: &[Arc<dyn Transport>]) -> Option<String> {
+pub(crate) fn unknown_nic(name: &str, transports: &[Arc<dyn Transport>]) -> Option<UnknownNic> {
     transports.iter().find_map(|t| {
         let nics = t.local_nics();
-        (!nics.is_empty() && !nics.iter().any(|n| n == name)).then(|| {
-            format!(
-                "nic_hint {name:?} is not one of this engine's {} devices ({}); name one of \
-                 them, or pass \"\" to let the topology choose",
-                t.protocol(),
-                nics.join(", ")
-            )
+        (!nics.is_empty() && !nics.iter().any(|n| n == name)).then(|| UnknownNic {
+            name: name.to_string(),
+            protocol: t.protocol(),
+            nics,
         })
     })
 }
