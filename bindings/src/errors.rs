@@ -229,11 +229,9 @@ fn engine_cause(e: &EngineError) -> Cause {
             Some(segment),
             Some("the segment has not joined this metadata store: check the peer's metadata_server argument and MC_METADATA_CLUSTER_ID".into()),
         ),
-        EngineError::Metadata(MetadataError::Store { store, .. }) => cause(
-            "metadata",
-            None,
-            Some(format!("the metadata store {store} must be reachable; mooncake_http_metadata_server serves one")),
-        ),
+        EngineError::Metadata(MetadataError::Store { store, cause: c }) => {
+            cause("metadata", None, Some(store_hint(store, c)))
+        }
         EngineError::Transport(TransportError::Refused(r)) => refused_cause(r),
         EngineError::Transport(TransportError::Unusable { segment, protocol, .. }) => cause(
             "protocol_mismatch",
@@ -262,6 +260,20 @@ fn engine_cause(e: &EngineError) -> Cause {
         EngineError::Unsupported { .. } => cause("unsupported", None, None),
         EngineError::UnknownNic(_) => cause("invalid_argument", None, None),
         EngineError::Wire(_) => cause("peer_protocol_error", None, None),
+    }
+}
+
+/// What helps with a failure of the metadata store `store`, by its case.
+fn store_hint(store: &str, c: &transfer_engine::metadata::StoreFailure) -> String {
+    use transfer_engine::metadata::StoreFailure as F;
+    match c {
+        F::NotHttp | F::NoHost | F::QueryOrFragment | F::BadUrl(_) | F::Endpoints(_) => {
+            "initialize's metadata_server must be P2PHANDSHAKE, http://host:port/metadata or etcd://host:port[,host:port...]".into()
+        }
+        F::NameInUse { .. } | F::TakenOver { .. } => {
+            "another live engine holds this segment name in the store: give this engine another local_server_name (or stop the other)".into()
+        }
+        _ => format!("the metadata store {store} must be reachable; mooncake_http_metadata_server serves one"),
     }
 }
 
@@ -503,6 +515,29 @@ mod tests {
             (e.kind, e.fault, e.code),
             ("invalid_argument", "caller", -1)
         );
+    }
+
+    /// A store's failure says whose it is by its case: a name held by a live engine is
+    /// the caller's to change, an unreachable store the host's.
+    #[test]
+    fn store_failures_are_told_apart_by_case() {
+        use transfer_engine::metadata::{MetadataError, StoreFailure};
+        let store = |cause: StoreFailure| {
+            BindingError::Engine(EngineError::Metadata(MetadataError::Store {
+                store: "http://m:8080/metadata".into(),
+                cause,
+            }))
+            .info("initialize")
+        };
+        let taken = store(StoreFailure::NameInUse {
+            name: "prefill-0".into(),
+            at: "10.0.0.2:15000".into(),
+        });
+        assert_eq!((taken.kind, taken.fault), ("metadata", "caller"));
+        assert!(taken.hint.unwrap().contains("local_server_name"));
+        let closed = store(StoreFailure::Closed);
+        assert_eq!((closed.kind, closed.fault), ("metadata", "host"));
+        assert!(closed.hint.unwrap().contains("must be reachable"));
     }
 
     #[test]

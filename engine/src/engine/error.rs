@@ -164,7 +164,7 @@ impl EngineError {
             }
             Self::Device { cause, .. } if cause.is_callers() => Fault::Caller,
             Self::Listen { .. } | Self::Device { .. } => Fault::Host,
-            Self::Metadata(MetadataError::Store { .. }) => Fault::Host,
+            Self::Metadata(MetadataError::Store { cause, .. }) => cause.fault(),
             Self::Metadata(_)
             | Self::NoCommonTransport { .. }
             | Self::Handshake { .. }
