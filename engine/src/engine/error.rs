@@ -175,10 +175,9 @@ impl EngineError {
                 | Refusal::Topology { .. } => Fault::Caller,
                 Refusal::RdmaRequired { .. } | Refusal::GpuUnavailable { .. } => Fault::Host,
             },
-            Self::Transport(TransportError::Unusable { .. }) => Fault::Peer,
-            Self::Transport(TransportError::Register { .. } | TransportError::Io { .. }) => {
-                Fault::Host
-            }
+            Self::Transport(TransportError::Unusable { cause, .. }) => cause.fault(),
+            Self::Transport(TransportError::Register { cause, .. }) => cause.fault(),
+            Self::Transport(TransportError::Io { .. }) => Fault::Host,
             Self::Transfer { source, .. } => source.fault(),
         }
     }

@@ -8,6 +8,7 @@
 //! it, so that a canceled batch or an unregistered region can cut that connection and
 //! know when the memory is free again.
 
+pub mod causes;
 pub mod ipc;
 pub mod rdma;
 pub mod select;
@@ -28,21 +29,22 @@ use crate::wire::tcp::OpCode;
 #[derive(Debug, Error)]
 pub enum TransportError {
     /// The peer's descriptor lacks what this transport needs.
-    #[error("segment {segment} cannot be reached over {protocol}: {reason}")]
+    #[error("segment {segment} cannot be reached over {protocol}: {cause}")]
     Unusable {
         /// Segment name.
         segment: String,
         /// This transport's protocol.
         protocol: &'static str,
         /// What is missing or wrong.
-        reason: String,
+        #[source]
+        cause: causes::UnusableCause,
     },
     /// The requested transports cannot be started: why (protocol not served, RDMA
     /// required by `MC_FORCE_HCA` but unusable, a bad `MC_CUSTOM_TOPO_JSON`, ...).
     #[error(transparent)]
     Refused(#[from] select::Refusal),
     /// Memory could not be registered with the transport's devices.
-    #[error("cannot register {addr:#x}+{len} for {protocol}: {reason}")]
+    #[error("cannot register {addr:#x}+{len} for {protocol}: {cause}")]
     Register {
         /// Start address.
         addr: u64,
@@ -50,8 +52,9 @@ pub enum TransportError {
         len: u64,
         /// The transport's protocol.
         protocol: &'static str,
-        /// What failed and what to do.
-        reason: String,
+        /// What failed, and what to do.
+        #[source]
+        cause: causes::RegisterCause,
     },
     /// A listener, thread or socket could not be set up.
     #[error("{what}: {source}")]

@@ -43,7 +43,7 @@ mod endpoint_cut;
 pub mod fake;
 mod path;
 mod peer;
-mod register;
+pub(crate) mod register;
 mod setup;
 pub mod verbs_backend;
 mod worker;
@@ -62,6 +62,7 @@ use crate::config::Config;
 use crate::error::{LinkLoss, TransferError, Unreachable, Violation};
 use crate::memory::Region;
 use crate::metrics::ConnectionCounters;
+use crate::transport::causes::{RegisterCause, UnusableCause};
 use crate::wire::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
 use crate::wire::rdma::{format_gid, split_nic_path, ConnectMsg};
 use crate::wire::session::SegmentId;
@@ -382,15 +383,16 @@ impl RdmaTransport {
         params: RdmaParams,
         config: &Config,
     ) -> Result<Self, TransportError> {
-        let unusable = |reason: String| TransportError::Unusable {
+        let unusable = |cause: UnusableCause| TransportError::Unusable {
             segment: local_name.to_string(),
             protocol: PROTOCOL,
-            reason,
+            cause,
         };
-        let verbs = crate::verbs::shared().map_err(|e| unusable(e.to_string()))?;
+        let verbs = crate::verbs::shared().map_err(|e| unusable(e.into()))?;
         let mut nics: Vec<Arc<dyn Nic>> = Vec::with_capacity(hcas.len());
         for hca in hcas {
-            let nic = verbs_backend::VerbsNic::open(&verbs, hca, &params).map_err(unusable)?;
+            let nic = verbs_backend::VerbsNic::open(&verbs, hca, &params)
+                .map_err(|e| unusable(UnusableCause::OpenHca(e)))?;
             nics.push(Arc::new(nic));
         }
         let connector = Arc::new(HandshakeConnector::new(config));
@@ -412,7 +414,7 @@ impl RdmaTransport {
             return Err(TransportError::Unusable {
                 segment: local_name.to_string(),
                 protocol: PROTOCOL,
-                reason: "no HCA to use".into(),
+                cause: UnusableCause::NoHca,
             });
         }
         let names: Vec<&str> = nics.iter().map(|n| n.name()).collect();
@@ -483,13 +485,14 @@ impl RdmaTransport {
                 return Ok(peer.clone());
             }
         }
-        let peer = Arc::new(Peer::from_desc(segment, desc).map_err(|reason| {
-            TransportError::Unusable {
-                segment: segment.to_string(),
-                protocol: PROTOCOL,
-                reason,
-            }
-        })?);
+        let peer =
+            Arc::new(
+                Peer::from_desc(segment, desc).map_err(|cause| TransportError::Unusable {
+                    segment: segment.to_string(),
+                    protocol: PROTOCOL,
+                    cause,
+                })?,
+            );
         if peers.len() >= MAX_PEERS {
             peers.clear();
         }
@@ -697,9 +700,7 @@ impl Transport for RdmaTransport {
                 addr: region.addr,
                 len: region.len,
                 protocol: PROTOCOL,
-                reason: "the region registered before at this address is still being \
-                         unregistered; try again once that returns"
-                    .into(),
+                cause: RegisterCause::StillUnregistering,
             });
         }
         regions.insert(

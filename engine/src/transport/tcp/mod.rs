@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use super::causes::UnusableCause;
 use super::{Slice, Transport, TransportError};
 use crate::config::Config;
 use crate::error::Unreachable;
@@ -153,7 +154,10 @@ impl TcpTransport {
                 Err(TransportError::Unusable {
                     segment: segment.to_string(),
                     protocol: PROTOCOL,
-                    reason: format!("cannot resolve its data address {}: {e}", data.session_id()),
+                    cause: UnusableCause::DataAddress {
+                        data: data.session_id(),
+                        source: e,
+                    },
                 })
             }
         }
