@@ -384,7 +384,19 @@ mod tests {
         assert_eq!(info.fault, "caller");
         assert_eq!(info.call, "initialize");
         assert_eq!(Some(info.message), last_error());
-        let reason = || "no HCA".to_string();
+        use transfer_engine::transport::select::{
+            GpuBlocker, RdmaBlocker, RdmaMissing, RdmaProblem,
+        };
+        let missing = RdmaMissing {
+            problems: vec![RdmaProblem::NoHca {
+                root: "/sys".into(),
+            }],
+            hca_present: false,
+        };
+        let unreadable = transfer_engine::topology::json::TopoFileError::Read {
+            path: "/etc/topo.json".into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        };
         for (r, kind, hint) in [
             (
                 Refusal::UnknownProtocol {
@@ -394,20 +406,24 @@ mod tests {
                 "nvlink_intra",
             ),
             (
-                Refusal::RdmaRequired { reason: reason() },
+                Refusal::RdmaRequired {
+                    cause: RdmaBlocker::Missing(missing),
+                },
                 "rdma_unavailable",
                 "MC_FORCE_HCA",
             ),
             (
                 Refusal::GpuUnavailable {
                     protocol: "musa".into(),
-                    reason: reason(),
+                    cause: GpuBlocker::NoRuntime(
+                        transfer_engine::device::RuntimeUnavailable::Disabled,
+                    ),
                 },
                 "gpu_unavailable",
                 "MC_GPU_RUNTIME",
             ),
             (
-                Refusal::Topology { reason: reason() },
+                Refusal::Topology { cause: unreadable },
                 "config",
                 "MC_CUSTOM_TOPO_JSON",
             ),

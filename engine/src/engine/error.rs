@@ -156,7 +156,6 @@ impl EngineError {
     /// Whose failure this is, from the variant and its source.
     pub fn fault(&self) -> Fault {
         use crate::metadata::MetadataError;
-        use crate::transport::select::Refusal;
         use crate::transport::TransportError;
         match self {
             Self::Config(_) | Self::Memory(_) | Self::Unsupported { .. } | Self::UnknownNic(_) => {
@@ -169,12 +168,7 @@ impl EngineError {
             | Self::NoCommonTransport { .. }
             | Self::Handshake { .. }
             | Self::Wire(_) => Fault::Peer,
-            Self::Transport(TransportError::Refused(r)) => match r {
-                Refusal::ProtocolNotServed { .. }
-                | Refusal::UnknownProtocol { .. }
-                | Refusal::Topology { .. } => Fault::Caller,
-                Refusal::RdmaRequired { .. } | Refusal::GpuUnavailable { .. } => Fault::Host,
-            },
+            Self::Transport(TransportError::Refused(r)) => r.fault(),
             Self::Transport(TransportError::Unusable { cause, .. }) => cause.fault(),
             Self::Transport(TransportError::Register { cause, .. }) => cause.fault(),
             Self::Transport(TransportError::Io { .. }) => Fault::Host,

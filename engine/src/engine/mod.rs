@@ -347,7 +347,7 @@ impl TransferEngine {
     /// `MC_TE_FILTERS` and `device_name` as `initialize` narrows it.
     pub fn local_topology(&self, device_name: &str) -> Result<String, EngineError> {
         let topo = crate::topology::local(&self.inner.config, device_name)
-            .map_err(|reason| crate::transport::select::Refusal::Topology { reason })
+            .map_err(|cause| crate::transport::select::Refusal::Topology { cause })
             .map_err(crate::transport::TransportError::Refused)?;
         Ok(crate::topology::to_json(&topo.matrix))
     }

@@ -48,6 +48,22 @@ pub enum UnusableCause {
     /// RDMA (start): no HCA was given.
     #[error("no HCA to use")]
     NoHca,
+    /// RDMA (start): an HCA's port or GID index does not fit a verbs argument.
+    #[error("{what} {value} of HCA {hca} is out of range")]
+    OutOfRange {
+        /// `port` or `GID index`.
+        what: &'static str,
+        /// The value.
+        value: u32,
+        /// The HCA.
+        hca: String,
+    },
+    /// RDMA (start): `MC_IB_PORT` does not fit a verbs argument.
+    #[error("MC_IB_PORT={value} is out of range (1-255)")]
+    IbPort {
+        /// The value.
+        value: u32,
+    },
 }
 
 impl UnusableCause {
@@ -56,6 +72,7 @@ impl UnusableCause {
         match self {
             Self::DataAddress { .. } | Self::NoRdma { .. } | Self::BadGid { .. } => Fault::Peer,
             Self::Verbs(_) | Self::OpenHca(_) | Self::NoHca => Fault::Host,
+            Self::OutOfRange { .. } | Self::IbPort { .. } => Fault::Caller,
         }
     }
 }

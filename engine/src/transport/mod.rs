@@ -130,10 +130,10 @@ pub fn start(
         .session_id();
         match ipc::IpcTransport::start(memory.clone(), config, session_id, &control) {
             Ok(t) => out.push(Arc::new(t)),
-            Err(why) if plan.ipc => {
+            Err(reason) if plan.ipc => {
                 return Err(select::Refusal::GpuUnavailable {
                     protocol: request.protocol.clone(),
-                    reason: format!("same-host GPU IPC cannot start: {why}"),
+                    cause: select::GpuBlocker::IpcStart { reason },
                 }
                 .into())
             }
@@ -150,7 +150,7 @@ pub fn start(
             Ok(t) => out.push(t),
             Err(why) if config.force_hca => {
                 return Err(select::Refusal::RdmaRequired {
-                    reason: format!("the RDMA transport cannot start: {why}"),
+                    cause: select::RdmaBlocker::Start(Box::new(why)),
                 }
                 .into())
             }
@@ -178,7 +178,7 @@ pub fn plan(
     let topology = match probing {
         true => Some(
             crate::topology::local(config, &request.device_name)
-                .map_err(|reason| select::Refusal::Topology { reason })?,
+                .map_err(|cause| select::Refusal::Topology { cause })?,
         ),
         false => None,
     };
@@ -190,9 +190,9 @@ pub fn plan(
                 vendor: rt.vendor(),
                 devices: rt.device_count(),
             },
-            Err(e) => select::GpuPresence::Absent(e.to_string()),
+            Err(e) => select::GpuPresence::Absent(e),
         },
-        false => select::GpuPresence::Absent("not probed".into()),
+        false => select::GpuPresence::NotProbed,
     };
     let peer_memory = crate::topology::sysfs::peer_memory_module(&config.sysfs_root);
     select::decide(&select::Inputs {
@@ -222,13 +222,24 @@ fn rdma_transport(
     plan: &select::RdmaPlan,
     session_id: &str,
     config: &crate::config::Config,
-) -> Result<Arc<dyn Transport>, String> {
+) -> Result<Arc<dyn Transport>, TransportError> {
+    let unusable = |cause| TransportError::Unusable {
+        segment: session_id.to_string(),
+        protocol: rdma::PROTOCOL,
+        cause,
+    };
     let hcas = plan
         .hcas
         .iter()
         .map(|h| {
-            let narrow = |v: u32, what: &str| {
-                u8::try_from(v).map_err(|_| format!("{what} {v} of HCA {} is out of range", h.name))
+            let narrow = |value: u32, what: &'static str| {
+                u8::try_from(value).map_err(|_| {
+                    unusable(causes::UnusableCause::OutOfRange {
+                        what,
+                        value,
+                        hca: h.name.clone(),
+                    })
+                })
             };
             Ok(rdma::verbs_backend::HcaSpec {
                 name: h.name.clone(),
@@ -236,22 +247,24 @@ fn rdma_transport(
                 gid_index: narrow(h.gid_index, "GID index")?,
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, TransportError>>()?;
     let params = rdma::RdmaParams {
         slice_size: config.rdma_slice_size,
         fragment_ratio: u64::from(config.fragment_ratio),
         num_qp_per_ep: config.num_qp_per_ep as usize,
         max_wr: config.max_wr as usize,
         retry_cnt: config.retry_cnt as usize,
-        ib_port: u8::try_from(config.ib_port)
-            .map_err(|_| format!("MC_IB_PORT={} is out of range (1-255)", config.ib_port))?,
+        ib_port: u8::try_from(config.ib_port).map_err(|_| {
+            unusable(causes::UnusableCause::IbPort {
+                value: config.ib_port,
+            })
+        })?,
         gid_index: config.gid_index,
         mtu: config.mtu,
         force_hca: config.force_hca,
         ..rdma::RdmaParams::default()
     };
-    let t = rdma::RdmaTransport::start(session_id, &hcas, plan.matrix.clone(), params, config)
-        .map_err(|e| e.to_string())?;
+    let t = rdma::RdmaTransport::start(session_id, &hcas, plan.matrix.clone(), params, config)?;
     Ok(Arc::new(t))
 }
 
