@@ -161,7 +161,7 @@ fn transfer_cause(target: &str, e: &TransferError) -> Cause {
             Some(peer),
             Some(format!("{}; the peer's data port must be reachable from here (MC_TCP_BIND_ADDRESS on the peer)", peer_hint(target))),
         ),
-        TransferError::PeerLost { peer, .. } | TransferError::PeerGone { peer, .. } => cause(
+        TransferError::PeerLost { peer, .. } => cause(
             "peer_lost",
             Some(peer),
             Some(peer_hint(target)),

@@ -12,7 +12,6 @@ use std::{fmt, io};
 
 use thiserror::Error;
 
-use crate::device::DeviceError;
 use crate::wire::WireError;
 
 /// Whose failure it is: where the fix lies. Carried as data so that callers, the bindings'
@@ -161,16 +160,6 @@ pub enum TransferError {
         #[source]
         cause: LinkLoss,
     },
-    /// A device copy over same-host GPU IPC failed, as `transport/ipc/copier.rs` reports
-    /// it (its copy thread's reason, as text). [`TransferError::device_copy`] is the typed
-    /// form ([`LinkLoss::DeviceCopy`]); this variant goes once the copier builds that.
-    #[error("connection to peer {peer} lost: {reason}")]
-    PeerGone {
-        /// Peer segment.
-        peer: String,
-        /// The copy thread's reason.
-        reason: String,
-    },
     /// The remote range is not inside one buffer the peer registered.
     #[error("peer {peer} rejected remote range {addr:#x}+{len}: not inside one registered buffer")]
     AddressRejected {
@@ -215,7 +204,6 @@ impl TransferError {
         match self {
             Self::PeerUnreachable { .. }
             | Self::PeerLost { .. }
-            | Self::PeerGone { .. }
             | Self::Protocol { .. }
             | Self::Timeout(_) => Fault::Peer,
             Self::AddressRejected { .. } | Self::LocalNotRegistered { .. } | Self::Canceled(_) => {
@@ -225,8 +213,9 @@ impl TransferError {
     }
 
     /// A device copy to or from `peer`'s memory over same-host GPU IPC failed with
-    /// `source`.
-    pub fn device_copy(peer: &str, source: DeviceError) -> Self {
+    /// `source`: the runtime's [`DeviceError`](crate::device::DeviceError), or why the copy
+    /// could not be issued.
+    pub fn device_copy(peer: &str, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         Self::PeerLost {
             peer: peer.to_string(),
             cause: LinkLoss::DeviceCopy(SharedSource::new(source)),
@@ -393,7 +382,8 @@ pub enum LinkLoss {
     #[error("no path left")]
     NoPathLeft,
     /// Same-host GPU IPC: the device copy failed (the source is the runtime's
-    /// [`DeviceError`], shared: it is too large to carry inline in every request's error).
+    /// [`DeviceError`](crate::device::DeviceError), or why the copy could not be issued;
+    /// shared: it is too large to carry inline in every request's error).
     #[error("device copy over IPC failed: {0}")]
     DeviceCopy(#[source] SharedSource),
     /// Every path was tried; the last attempt failed so.
@@ -469,6 +459,7 @@ mod tests {
     use std::error::Error as _;
 
     use super::*;
+    use crate::device::DeviceError;
 
     fn peer() -> String {
         "10.0.0.2:1".to_string()
@@ -493,10 +484,14 @@ mod tests {
                 Fault::Peer,
             ),
             (
-                TransferError::PeerGone {
-                    peer: peer(),
-                    reason: "device copy over IPC failed".into(),
-                },
+                TransferError::device_copy(
+                    &peer(),
+                    DeviceError {
+                        call: "cuMemcpyDtoDAsync".into(),
+                        code: 700,
+                        message: "an illegal memory access was encountered".into(),
+                    },
+                ),
                 Fault::Peer,
             ),
             (

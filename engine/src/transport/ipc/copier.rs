@@ -20,7 +20,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::device::ipc::IpcRuntime;
-use crate::device::peer_copies::{Direction, LocalMemory, LocalRange, PendingCopies};
+use crate::device::peer_copies::{CopyError, Direction, LocalMemory, LocalRange, PendingCopies};
 use crate::device::peer_mapping::PeerRange;
 use crate::error::TransferError;
 use crate::memory::Abort;
@@ -181,7 +181,7 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>, batch: &Batching) {
             };
             if let Err(refused) = copies.enqueue(taken, c.remote, direction) {
                 let Taken { held, peer, .. } = refused.local;
-                held.finish(Err(device_error(&peer, refused.why.to_string())));
+                held.finish(Err(device_error(&peer, refused.why)));
             }
         }
         let synced = copies.synchronize(batch.on.load(Ordering::Relaxed));
@@ -189,14 +189,63 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>, batch: &Batching) {
             batch.failed(&e.to_string());
         }
         for (Taken { held, peer, .. }, result) in synced.done {
-            held.finish(result.map_err(|e| device_error(&peer, e.to_string())));
+            held.finish(result.map_err(|e| device_error(&peer, e)));
         }
     }
 }
 
-fn device_error(peer: &str, reason: String) -> TransferError {
-    TransferError::PeerGone {
-        peer: peer.to_string(),
-        reason: format!("device copy over IPC failed: {reason}"),
+/// A failed copy's error: the runtime's own where it refused the copy, so that a reader
+/// finds the `DeviceError` as the source.
+fn device_error(peer: &str, e: CopyError) -> TransferError {
+    match e {
+        CopyError::Device(d) => TransferError::device_copy(peer, d),
+        other => TransferError::device_copy(peer, other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+    use crate::device::DeviceError;
+    use crate::error::LinkLoss;
+
+    #[test]
+    fn a_refused_copy_keeps_the_runtime_s_error_as_source() {
+        let device = DeviceError {
+            call: "cuMemcpyDtoDAsync".into(),
+            code: 700,
+            message: "an illegal memory access was encountered".into(),
+        };
+        let e = device_error("prefill-0", CopyError::Device(device.clone()));
+        let found = e
+            .source()
+            .and_then(|loss| loss.source())
+            .and_then(|shared| shared.source())
+            .and_then(|d| d.downcast_ref::<DeviceError>());
+        assert_eq!(found, Some(&device));
+        let lengths = device_error(
+            "prefill-0",
+            CopyError::Lengths {
+                local: 8,
+                remote: 4,
+            },
+        );
+        assert!(
+            matches!(
+                &lengths,
+                TransferError::PeerLost {
+                    cause: LinkLoss::DeviceCopy(_),
+                    ..
+                }
+            ),
+            "{lengths:?}"
+        );
+        assert_eq!(
+            lengths.to_string(),
+            "connection to peer prefill-0 lost: device copy over IPC failed: the local range \
+             has 8 bytes and the peer's 4: a copy needs one length"
+        );
     }
 }
