@@ -205,46 +205,50 @@ fn device_error(peer: &str, e: CopyError) -> TransferError {
 
 #[cfg(test)]
 mod tests {
-    use std::error::Error as _;
-
     use super::*;
     use crate::device::DeviceError;
     use crate::error::LinkLoss;
 
+    /// The copy's error as the request's cause, or `None` if it is not a device copy's.
+    fn copy_cause(e: &TransferError) -> Option<&crate::error::SharedSource> {
+        match e {
+            TransferError::PeerLost {
+                cause: LinkLoss::DeviceCopy(source),
+                ..
+            } => Some(source),
+            _ => None,
+        }
+    }
+
     #[test]
     fn a_refused_copy_keeps_the_runtime_s_error_as_source() {
         let device = DeviceError {
-            call: "cuMemcpyDtoDAsync".into(),
-            code: 700,
-            message: "an illegal memory access was encountered".into(),
+            call: "cuMemcpyPeerAsync".into(),
+            code: 1,
+            message: "invalid argument".into(),
         };
-        let e = device_error("prefill-0", CopyError::Device(device.clone()));
-        let found = e
-            .source()
-            .and_then(|loss| loss.source())
-            .and_then(|shared| shared.source())
-            .and_then(|d| d.downcast_ref::<DeviceError>());
-        assert_eq!(found, Some(&device));
-        let lengths = device_error(
-            "prefill-0",
+        let e = device_error("decode-1", CopyError::Device(device.clone()));
+        let found = copy_cause(&e).and_then(|s| s.downcast_ref::<DeviceError>());
+        assert_eq!(found, Some(&device), "{e:?}");
+        let e = device_error(
+            "decode-1",
             CopyError::Lengths {
                 local: 8,
                 remote: 4,
             },
         );
-        assert!(
-            matches!(
-                &lengths,
-                TransferError::PeerLost {
-                    cause: LinkLoss::DeviceCopy(_),
-                    ..
-                }
-            ),
-            "{lengths:?}"
+        let found = copy_cause(&e).and_then(|s| s.downcast_ref::<CopyError>());
+        assert_eq!(
+            found,
+            Some(&CopyError::Lengths {
+                local: 8,
+                remote: 4
+            }),
+            "{e:?}"
         );
         assert_eq!(
-            lengths.to_string(),
-            "connection to peer prefill-0 lost: device copy over IPC failed: the local range \
+            e.to_string(),
+            "connection to peer decode-1 lost: device copy over IPC failed: the local range \
              has 8 bytes and the peer's 4: a copy needs one length"
         );
     }
