@@ -161,7 +161,7 @@ fn transfer_cause(target: &str, e: &TransferError) -> Cause {
             Some(peer),
             Some(format!("{}; the peer's data port must be reachable from here (MC_TCP_BIND_ADDRESS on the peer)", peer_hint(target))),
         ),
-        TransferError::PeerGone { peer, .. } => cause(
+        TransferError::PeerLost { peer, .. } => cause(
             "peer_lost",
             Some(peer),
             Some(peer_hint(target)),
@@ -201,7 +201,6 @@ fn engine_cause(e: &EngineError) -> Cause {
             Some(format!("{} has a value the engine cannot use; mooncake-doctor checks every MC_* variable", c.var)),
         ),
         EngineError::Memory(_) => cause("memory", None, None),
-        EngineError::InvalidArgument(_) => cause("invalid_argument", None, None),
         EngineError::Listen { .. } => cause(
             "listen",
             None,
@@ -230,11 +229,9 @@ fn engine_cause(e: &EngineError) -> Cause {
             Some(segment),
             Some("the segment has not joined this metadata store: check the peer's metadata_server argument and MC_METADATA_CLUSTER_ID".into()),
         ),
-        EngineError::Metadata(MetadataError::Store { store, .. }) => cause(
-            "metadata",
-            None,
-            Some(format!("the metadata store {store} must be reachable; mooncake_http_metadata_server serves one")),
-        ),
+        EngineError::Metadata(MetadataError::Store { store, cause: c }) => {
+            cause("metadata", None, Some(store_hint(store, c)))
+        }
         EngineError::Transport(TransportError::Refused(r)) => refused_cause(r),
         EngineError::Transport(TransportError::Unusable { segment, protocol, .. }) => cause(
             "protocol_mismatch",
@@ -248,15 +245,35 @@ fn engine_cause(e: &EngineError) -> Cause {
             Some(format!("the {protocol} transport could not register this memory with its devices: mooncake-doctor (rdma.peermem) checks the peer-memory module device memory needs")),
         ),
         EngineError::Transfer { segment, source } => transfer_cause(segment, source),
-        EngineError::Segment { segment, .. } => cause("peer_unreachable", Some(segment), Some(peer_hint(segment))),
+        EngineError::NoCommonTransport { segment, .. } => cause("peer_unreachable", Some(segment), Some(peer_hint(segment))),
         EngineError::Handshake { peer, .. } => cause("peer_unreachable", Some(peer), Some(peer_hint(peer))),
-        EngineError::Device(_) => cause(
+        EngineError::Device { cause: c, .. } if c.is_callers() => cause(
+            "invalid_argument",
+            None,
+            Some("the location must name the device the memory is on (\"*\" finds it)".into()),
+        ),
+        EngineError::Device { .. } => cause(
             "gpu_unavailable",
             None,
             Some("MC_GPU_RUNTIME picks the runtime, MC_MUSART_PATH / MC_CUDART_PATH its file; mooncake-doctor (gpu.runtime) lists what was tried".into()),
         ),
-        EngineError::Unsupported(_) => cause("unsupported", None, None),
+        EngineError::Unsupported { .. } => cause("unsupported", None, None),
+        EngineError::UnknownNic(_) => cause("invalid_argument", None, None),
         EngineError::Wire(_) => cause("peer_protocol_error", None, None),
+    }
+}
+
+/// What helps with a failure of the metadata store `store`, by its case.
+fn store_hint(store: &str, c: &transfer_engine::metadata::StoreFailure) -> String {
+    use transfer_engine::metadata::StoreFailure as F;
+    match c {
+        F::NotHttp | F::NoHost | F::QueryOrFragment | F::BadUrl(_) | F::Endpoints(_) => {
+            "initialize's metadata_server must be P2PHANDSHAKE, http://host:port/metadata or etcd://host:port[,host:port...]".into()
+        }
+        F::NameInUse { .. } | F::TakenOver { .. } => {
+            "another live engine holds this segment name in the store: give this engine another local_server_name (or stop the other)".into()
+        }
+        _ => format!("the metadata store {store} must be reachable; mooncake_http_metadata_server serves one"),
     }
 }
 
@@ -367,7 +384,19 @@ mod tests {
         assert_eq!(info.fault, "caller");
         assert_eq!(info.call, "initialize");
         assert_eq!(Some(info.message), last_error());
-        let reason = || "no HCA".to_string();
+        use transfer_engine::transport::select::{
+            GpuBlocker, RdmaBlocker, RdmaMissing, RdmaProblem,
+        };
+        let missing = RdmaMissing {
+            problems: vec![RdmaProblem::NoHca {
+                root: "/sys".into(),
+            }],
+            hca_present: false,
+        };
+        let unreadable = transfer_engine::topology::json::TopoFileError::Read {
+            path: "/etc/topo.json".into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        };
         for (r, kind, hint) in [
             (
                 Refusal::UnknownProtocol {
@@ -377,20 +406,24 @@ mod tests {
                 "nvlink_intra",
             ),
             (
-                Refusal::RdmaRequired { reason: reason() },
+                Refusal::RdmaRequired {
+                    cause: RdmaBlocker::Missing(missing),
+                },
                 "rdma_unavailable",
                 "MC_FORCE_HCA",
             ),
             (
                 Refusal::GpuUnavailable {
                     protocol: "musa".into(),
-                    reason: reason(),
+                    cause: GpuBlocker::NoRuntime(
+                        transfer_engine::device::RuntimeUnavailable::Disabled,
+                    ),
                 },
                 "gpu_unavailable",
                 "MC_GPU_RUNTIME",
             ),
             (
-                Refusal::Topology { reason: reason() },
+                Refusal::Topology { cause: unreadable },
                 "config",
                 "MC_CUSTOM_TOPO_JSON",
             ),
@@ -411,7 +444,9 @@ mod tests {
             target: "127.0.0.1:1".into(),
             source: TransferError::PeerUnreachable {
                 peer: "127.0.0.1:2".into(),
-                reason: "refused".into(),
+                cause: transfer_engine::error::Unreachable::Connect(
+                    std::io::ErrorKind::ConnectionRefused.into(),
+                ),
             },
         };
         let c = t.cause();
@@ -460,6 +495,67 @@ mod tests {
         assert_eq!(kind(refused), "peer_unreachable");
     }
 
+    /// Memory on another device than its location says is the caller's; a missing runtime
+    /// is the host's: told apart by the cause, not the message.
+    #[test]
+    fn device_mismatches_are_told_apart_by_cause() {
+        use transfer_engine::device::RuntimeUnavailable;
+        use transfer_engine::engine::error::DeviceMismatch;
+        let device = |cause: DeviceMismatch| {
+            BindingError::Engine(EngineError::Device {
+                location: "cuda:0".into(),
+                addr: 0x1000,
+                cause,
+            })
+            .info("register_memory")
+        };
+        let wrong = device(DeviceMismatch::OtherDevice { device: 1 });
+        assert_eq!((wrong.kind, wrong.fault), ("invalid_argument", "caller"));
+        let missing = device(RuntimeUnavailable::Disabled.into());
+        assert_eq!((missing.kind, missing.fault), ("gpu_unavailable", "host"));
+        assert_eq!(missing.code, -6);
+    }
+
+    /// A nic_hint naming no HCA of this engine is the caller's argument, code -1.
+    #[test]
+    fn an_unknown_nic_hint_is_an_invalid_argument() {
+        let e = BindingError::Engine(EngineError::UnknownNic(
+            transfer_engine::transport::UnknownNic {
+                name: "mlx5_9".into(),
+                protocol: "rdma",
+                nics: vec!["mlx5_0".into()],
+            },
+        ))
+        .info("transfer_sync_write");
+        assert_eq!(
+            (e.kind, e.fault, e.code),
+            ("invalid_argument", "caller", -1)
+        );
+    }
+
+    /// A store's failure says whose it is by its case: a name held by a live engine is
+    /// the caller's to change, an unreachable store the host's.
+    #[test]
+    fn store_failures_are_told_apart_by_case() {
+        use transfer_engine::metadata::{MetadataError, StoreFailure};
+        let store = |cause: StoreFailure| {
+            BindingError::Engine(EngineError::Metadata(MetadataError::Store {
+                store: "http://m:8080/metadata".into(),
+                cause,
+            }))
+            .info("initialize")
+        };
+        let taken = store(StoreFailure::NameInUse {
+            name: "prefill-0".into(),
+            at: "10.0.0.2:15000".into(),
+        });
+        assert_eq!((taken.kind, taken.fault), ("metadata", "caller"));
+        assert!(taken.hint.unwrap().contains("local_server_name"));
+        let closed = store(StoreFailure::Closed);
+        assert_eq!((closed.kind, closed.fault), ("metadata", "host"));
+        assert!(closed.hint.unwrap().contains("must be reachable"));
+    }
+
     #[test]
     fn engine_codes_pass_through() {
         let e = BindingError::Engine(EngineError::Memory(
@@ -470,7 +566,7 @@ mod tests {
         assert_eq!(status_code("register_memory", Err(e)), -3);
         let refused = EngineError::Handshake {
             peer: "127.0.0.1:1".into(),
-            reason: "refused".into(),
+            answer: transfer_engine::engine::error::HandshakeAnswer::NotifyRefused("full".into()),
         };
         assert_eq!(status("transfer_sync_write", Err(refused.into())), -1);
     }

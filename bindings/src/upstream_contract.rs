@@ -331,7 +331,7 @@ impl ContractEngine {
     pub fn local_topology(device_name: Option<&str>) -> Result<String, BindingError> {
         let config = Config::from_env().map_err(EngineError::from)?;
         let found = topology::local(&config, device_name.unwrap_or(""))
-            .map_err(BindingError::InvalidArgument)?;
+            .map_err(|e| BindingError::InvalidArgument(e.to_string()))?;
         for w in &found.warnings {
             if transfer_engine::log_throttle::first_time(w) {
                 tracing::warn!("{w}");

@@ -2,7 +2,10 @@
 //! engine's own `select::decide` over the facts gathered for this run.
 
 use serde_json::json;
-use transfer_engine::transport::select::{self, GpuPresence, Refusal};
+use transfer_engine::device::RuntimeUnavailable;
+use transfer_engine::transport::select::{
+    self, GpuBlocker, GpuPresence, RdmaBlocker, RdmaProblem, Refusal,
+};
 
 use crate::host::Inputs;
 use crate::probe::{Facts, GpuFacts};
@@ -25,9 +28,11 @@ pub fn check(inp: &Inputs, facts: &Facts) -> Check {
             vendor: rt.vendor(),
             devices: rt.device_count(),
         },
-        GpuFacts::Disabled => GpuPresence::Absent("MC_GPU_RUNTIME=none".into()),
-        GpuFacts::BadChoice(e) => GpuPresence::Absent(e.clone()),
-        GpuFacts::NotLoaded(_) => GpuPresence::Absent("no GPU runtime loads".into()),
+        GpuFacts::Disabled => GpuPresence::Absent(RuntimeUnavailable::Disabled),
+        GpuFacts::BadChoice(e) => GpuPresence::Absent(e.clone().into()),
+        GpuFacts::NotLoaded(errors) => {
+            GpuPresence::Absent(RuntimeUnavailable::NotLoaded(errors.clone()))
+        }
     };
     let probing = select::probes_rdma(&inp.protocol, config.force_tcp);
     let verbs = facts
@@ -77,7 +82,11 @@ pub fn check(inp: &Inputs, facts: &Facts) -> Check {
             format!("{asked} would fail: {refusal}"),
             refusal.hint(),
         )
-        .with_data(json!({"error": refusal.to_string(), "refusal": refusal_name(&refusal)})),
+        .with_data(json!({
+            "error": refusal.to_string(),
+            "refusal": refusal_name(&refusal),
+            "blockers": blocker_names(&refusal),
+        })),
         Ok(plan) => {
             let mut transports = Vec::new();
             if plan.ipc {
@@ -135,5 +144,36 @@ fn refusal_name(r: &Refusal) -> &'static str {
         Refusal::RdmaRequired { .. } => "rdma_required",
         Refusal::GpuUnavailable { .. } => "gpu_unavailable",
         Refusal::Topology { .. } => "topology",
+    }
+}
+
+/// What stands in the way of a refused transport, one stable name per cause (for
+/// machines; the message says the same in words).
+fn blocker_names(r: &Refusal) -> Vec<&'static str> {
+    match r {
+        Refusal::RdmaRequired { cause } => match cause {
+            RdmaBlocker::Memlock { .. } => vec!["memlock"],
+            RdmaBlocker::Start(_) => vec!["rdma_start"],
+            RdmaBlocker::Missing(m) => m
+                .problems
+                .iter()
+                .map(|p| match p {
+                    RdmaProblem::NotProbed => "not_probed",
+                    RdmaProblem::VerbsUnavailable { .. } => "verbs_unavailable",
+                    RdmaProblem::NoHca { .. } => "no_hca",
+                    RdmaProblem::NoneMatched { .. } => "filters_match_none",
+                    RdmaProblem::NoUsablePort { .. } => "no_usable_port",
+                    RdmaProblem::NotListed { .. } => "hcas_not_listed_by_verbs",
+                })
+                .collect(),
+        },
+        Refusal::GpuUnavailable { cause, .. } => vec![match cause {
+            GpuBlocker::IpcStart { .. } => "ipc_start",
+            GpuBlocker::NotMusa { .. } => "not_musa",
+            GpuBlocker::NoDevice { .. } => "no_gpu_device",
+            GpuBlocker::NoRuntime(_) | GpuBlocker::NotProbed => "no_gpu_runtime",
+        }],
+        Refusal::ProtocolNotServed { .. } | Refusal::UnknownProtocol { .. } => vec!["protocol"],
+        Refusal::Topology { .. } => vec!["topology_file"],
     }
 }

@@ -22,7 +22,7 @@ pub fn check(inp: &Inputs, facts: &Facts) -> Check {
     match &facts.gpu {
         GpuFacts::BadChoice(e) => Check::fail(
             "gpu.runtime",
-            e.clone(),
+            e.to_string(),
             "set MC_GPU_RUNTIME to auto, musa, cuda or none",
         ),
         GpuFacts::Disabled => Check::ok(

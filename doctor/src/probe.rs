@@ -12,7 +12,7 @@ use crate::host::Inputs;
 /// The GPU runtime the engine would load.
 pub enum GpuFacts {
     /// `MC_GPU_RUNTIME` is not understood.
-    BadChoice(String),
+    BadChoice(transfer_engine::config::ConfigError),
     /// `MC_GPU_RUNTIME=none`.
     Disabled,
     /// Loaded.
@@ -49,7 +49,7 @@ pub fn gather(inp: &Inputs) -> Facts {
         })
         .map_err(|e| e.to_string());
     let gpu = match Choice::parse(inp.var("MC_GPU_RUNTIME").as_deref()) {
-        Err(e) => GpuFacts::BadChoice(e.to_string()),
+        Err(e) => GpuFacts::BadChoice(e),
         Ok(choice) => match device::load_with(choice, &env) {
             Ok(rt) => GpuFacts::Loaded(rt),
             Err(errors) if errors.is_empty() => GpuFacts::Disabled,
@@ -71,7 +71,8 @@ pub fn gather(inp: &Inputs) -> Facts {
         });
     let hcas = sysfs::hcas(&inp.sysfs_root);
     let topology = match &config {
-        Ok(c) => topology::discover(&topology::Params::new(c, &inp.device_name, &gpus)),
+        Ok(c) => topology::discover(&topology::Params::new(c, &inp.device_name, &gpus))
+            .map_err(|e| e.to_string()),
         Err(e) => Err(e.clone()),
     };
     Facts {

@@ -176,11 +176,22 @@ fn refusals_are_typed_in_the_json_with_their_own_fix() {
     let r = Host::new().set("MC_FORCE_HCA", "1").run();
     let d = check(&r, "decision");
     assert_eq!(d.data["refusal"], "rdma_required", "{d:?}");
+    assert!(
+        d.data["blockers"]
+            .as_array()
+            .is_some_and(|b| b.contains(&json!("no_hca"))),
+        "{d:?}"
+    );
     assert!(fix(&r, "decision").contains("unset MC_FORCE_HCA"));
-    for (protocol, refusal, fix_names) in [
-        ("efa", "protocol_not_served", "nvlink_intra"),
-        ("rmda", "unknown_protocol", "nvlink_intra"),
-        ("musa", "gpu_unavailable", "MC_GPU_RUNTIME"),
+    for (protocol, refusal, fix_names, blocker) in [
+        ("efa", "protocol_not_served", "nvlink_intra", "protocol"),
+        ("rmda", "unknown_protocol", "nvlink_intra", "protocol"),
+        (
+            "musa",
+            "gpu_unavailable",
+            "MC_GPU_RUNTIME",
+            "no_gpu_runtime",
+        ),
     ] {
         let mut i = Host::new().inputs();
         i.protocol = protocol.into();
@@ -188,6 +199,7 @@ fn refusals_are_typed_in_the_json_with_their_own_fix() {
         let d = check(&r, "decision");
         assert_eq!(d.status, Status::Fail, "{d:?}");
         assert_eq!(d.data["refusal"], refusal, "{d:?}");
+        assert_eq!(d.data["blockers"], json!([blocker]), "{d:?}");
         assert!(fix(&r, "decision").contains(fix_names), "{d:?}");
     }
 }

@@ -578,7 +578,7 @@ fn hostile_peer_under_many_callers(case: &Case) {
 fn timeout_or_gone(e: &TransferError) -> bool {
     matches!(
         e,
-        TransferError::Timeout(_) | TransferError::PeerGone { .. }
+        TransferError::Timeout(_) | TransferError::PeerLost { .. }
     )
 }
 
@@ -656,7 +656,7 @@ fn garbage_fails_at_once(op: OpCode) {
         expected: |e| {
             matches!(
                 e,
-                TransferError::Protocol { .. } | TransferError::PeerGone { .. }
+                TransferError::Protocol { .. } | TransferError::PeerLost { .. }
             )
         },
     });

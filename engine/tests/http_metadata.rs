@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use common::{fnv, pattern, wait_for, Buf};
 use meta_common::{engine_in, name, plain_names_move_bytes, read, spawn_child};
 use transfer_engine::metadata::http_server::{HttpMetadataServer, ServerOptions};
-use transfer_engine::{Config, Notify, OpCode, Request, TransferEngine};
+use transfer_engine::metadata::{MetadataError, StoreFailure};
+use transfer_engine::{Config, EngineError, Notify, OpCode, Request, TransferEngine};
 
 fn server(opts: ServerOptions) -> HttpMetadataServer {
     HttpMetadataServer::start("127.0.0.1:0".parse().unwrap(), opts).unwrap()
@@ -185,6 +186,17 @@ fn a_killed_engines_name_initializes_again_at_once() {
     // While the first owner lives, the name is refused.
     let err = TransferEngine::new(&b_name, &srv.url(), Config::default()).unwrap_err();
     assert!(err.to_string().contains("in use by a live engine"), "{err}");
+    assert_eq!(err.fault(), transfer_engine::Fault::Caller, "{err}");
+    match err {
+        EngineError::Metadata(MetadataError::Store {
+            cause: StoreFailure::NameInUse { name, at },
+            ..
+        }) => assert!(
+            name == b_name && at.starts_with("127.0.0.1:"),
+            "{name} {at}"
+        ),
+        other => panic!("expected NameInUse, got {other:?}"),
+    }
 
     child.kill();
     let (st, _) = http(
@@ -308,6 +320,13 @@ fn unreachable_and_garbage_stores_fail_initialize_with_the_reason() {
     let url = format!("http://{closed}/metadata");
     let err = init(&url);
     assert!(err.contains(&url) && err.contains("PUT"), "{err}");
+    match TransferEngine::new(&name(), &url, Config::default()).unwrap_err() {
+        e @ EngineError::Metadata(MetadataError::Store {
+            cause: StoreFailure::Request { method: "PUT", .. },
+            ..
+        }) => assert_eq!(e.fault(), transfer_engine::Fault::Host, "{e}"),
+        other => panic!("expected a failed PUT, got {other:?}"),
+    }
 
     // Answers 200 with a body that is not the value written.
     let addr =

@@ -320,7 +320,7 @@ fn bytes_served_to_peers_are_scraped_while_transfers_run() {
 
 /// Every lane's connection closed by the peer's idle timeout: a batch after that finds them
 /// stale before use and reconnects, so no request fails on one and needs its one re-send
-/// (which, landing on another stale connection, would fail it as `PeerGone`).
+/// (which, landing on another stale connection, would fail it as `PeerLost`).
 #[test]
 fn a_batch_after_the_peer_closed_every_lane_connection_succeeds() {
     let (initiator, peer) = with_a_peer_closing_idle_connections(4);

@@ -235,7 +235,7 @@ fn a_peer_dying_mid_batch_fails_the_batch_quickly() {
     let result = batch.wait();
     let took = started.elapsed();
     match result {
-        Err(TransferError::PeerGone { .. } | TransferError::PeerUnreachable { .. }) => {}
+        Err(TransferError::PeerLost { .. } | TransferError::PeerUnreachable { .. }) => {}
         other => panic!("expected a peer failure, got {other:?}"),
     }
     assert!(took < Duration::from_secs(15), "took {took:?}");

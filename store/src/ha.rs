@@ -48,23 +48,57 @@ pub enum HaError {
     #[error("no etcd endpoints given: pass --etcd_endpoints host:port[;host:port...] (or name the master as etcd://host:port[;host:port...])")]
     NoEndpoints,
     #[error(
-        "etcd endpoint {endpoint:?}: {reason} (--etcd_endpoints takes host:port, `;`-separated)"
+        "etcd endpoint {endpoint:?}: {problem} (--etcd_endpoints takes host:port, `;`-separated)"
     )]
-    BadEndpoint { endpoint: String, reason: String },
+    BadEndpoint {
+        endpoint: String,
+        problem: EndpointProblem,
+    },
     #[error("cannot reach etcd at {endpoints} within {}: is etcd running? (--etcd_endpoints); last error: {last}", secs(*.within))]
     Unreachable {
         endpoints: String,
         within: Duration,
-        last: String,
+        #[source]
+        last: LastAttempt,
     },
-    #[error("etcd at {endpoints} refused {op}: {reason}")]
+    #[error("etcd at {endpoints} refused {op}: {}", describe(.source))]
     Refused {
         endpoints: String,
         op: String,
-        reason: String,
+        source: mooncake_etcd::Error,
     },
     #[error("etcd at {endpoints}: the leader key {key} holds a value that is not UTF-8 text; delete it (etcdctl del {key}) and restart the masters")]
     BadValue { endpoints: String, key: String },
+}
+
+/// What is wrong with an etcd endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointProblem {
+    #[error("only plain http etcd endpoints are supported; give host:port")]
+    NotHttp,
+    #[error("give host:port")]
+    NotHostPort,
+    #[error("the host is missing")]
+    NoHost,
+    #[error("the port is not a number from 1 to 65535")]
+    BadPort,
+}
+
+/// How the last try to reach etcd failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LastAttempt {
+    /// Connecting failed.
+    #[error("{}", describe(.0))]
+    Connect(#[source] mooncake_etcd::Error),
+    /// An operation failed in a way worth trying again.
+    #[error("{what}: {}", describe(.source))]
+    Failed {
+        what: String,
+        source: mooncake_etcd::Error,
+    },
+    /// An operation got no answer in time.
+    #[error("{what}: no answer")]
+    NoAnswer { what: String },
 }
 
 fn secs(d: Duration) -> String {
@@ -96,29 +130,27 @@ pub fn split_endpoints(list: &str) -> Vec<String> {
 /// `host:port` (or `http://host:port`; the port defaults to etcd's 2379) as the URL the
 /// client dials. TLS is not built in, so `https://` is refused rather than tried in clear.
 fn endpoint_url(endpoint: &str) -> Result<String, HaError> {
-    let bad = |reason: &str| HaError::BadEndpoint {
+    let bad = |problem| HaError::BadEndpoint {
         endpoint: endpoint.to_string(),
-        reason: reason.to_string(),
+        problem,
     };
     let hp = endpoint.strip_prefix("http://").unwrap_or(endpoint);
     let hp = hp.trim_end_matches('/');
     if hp.contains("://") {
-        return Err(bad(
-            "only plain http etcd endpoints are supported; give host:port",
-        ));
+        return Err(bad(EndpointProblem::NotHttp));
     }
     if hp.contains('/') || hp.is_empty() {
-        return Err(bad("give host:port"));
+        return Err(bad(EndpointProblem::NotHostPort));
     }
     // A bracketed IPv6 address has colons of its own; the port follows the bracket.
     let after_host = hp.rfind(']').map_or(hp, |i| &hp[i..]);
     match hp.rsplit_once(':') {
         Some((host, port)) if after_host.contains(':') => {
             if host.is_empty() {
-                return Err(bad("the host is missing"));
+                return Err(bad(EndpointProblem::NoHost));
             }
             if port.parse::<u16>().map_or(true, |p| p == 0) {
-                return Err(bad("the port is not a number from 1 to 65535"));
+                return Err(bad(EndpointProblem::BadPort));
             }
             Ok(format!("http://{hp}"))
         }
@@ -190,7 +222,7 @@ impl Etcd {
             .map_err(|e| HaError::Unreachable {
                 endpoints: label.clone(),
                 within: timeout,
-                last: describe(&e),
+                last: LastAttempt::Connect(e),
             })?;
         Ok(Self { client, label })
     }
@@ -216,11 +248,16 @@ impl Etcd {
                     return Err(HaError::Refused {
                         endpoints: self.label.clone(),
                         op: what.to_string(),
-                        reason: describe(&e),
+                        source: e,
                     })
                 }
-                Ok(Err(e)) => format!("{what}: {}", describe(&e)),
-                Err(_) => format!("{what}: no answer"),
+                Ok(Err(source)) => LastAttempt::Failed {
+                    what: what.to_string(),
+                    source,
+                },
+                Err(_) => LastAttempt::NoAnswer {
+                    what: what.to_string(),
+                },
             };
             if Instant::now() + pause >= deadline {
                 return Err(HaError::Unreachable {
@@ -797,17 +834,22 @@ mod tests {
         assert_eq!(endpoint_url("h").unwrap(), "http://h:2379");
         assert_eq!(endpoint_url("[::1]:2380").unwrap(), "http://[::1]:2380");
         assert_eq!(endpoint_url("[::1]").unwrap(), "http://[::1]:2379");
-        for bad in [
-            "https://h:2379",
-            "h:x",
-            "h:0",
-            "h:70000",
-            ":2379",
-            "h:1/x",
-            "",
+        use EndpointProblem as P;
+        for (bad, problem) in [
+            ("https://h:2379", P::NotHttp),
+            ("h:x", P::BadPort),
+            ("h:0", P::BadPort),
+            ("h:70000", P::BadPort),
+            (":2379", P::NoHost),
+            ("h:1/x", P::NotHostPort),
+            ("", P::NotHostPort),
         ] {
-            let e = endpoint_url(bad).unwrap_err().to_string();
-            assert!(e.contains("--etcd_endpoints"), "{bad}: {e}");
+            let e = endpoint_url(bad).unwrap_err();
+            assert!(
+                matches!(&e, HaError::BadEndpoint { problem: p, .. } if *p == problem),
+                "{bad}: {e:?}"
+            );
+            assert!(e.to_string().contains("--etcd_endpoints"), "{bad}: {e}");
         }
     }
 
@@ -817,11 +859,13 @@ mod tests {
         let e = HaError::Unreachable {
             endpoints: "h:1;h:2".into(),
             within: Duration::from_secs(5),
-            last: "refused".into(),
+            last: LastAttempt::NoAnswer {
+                what: "GET k".into(),
+            },
         };
         assert_eq!(
             e.to_string(),
-            "cannot reach etcd at h:1;h:2 within 5 s: is etcd running? (--etcd_endpoints); last error: refused"
+            "cannot reach etcd at h:1;h:2 within 5 s: is etcd running? (--etcd_endpoints); last error: GET k: no answer"
         );
         assert_eq!(secs(Duration::from_millis(1500)), "1.5 s");
     }

@@ -3,6 +3,7 @@
 
 use thiserror::Error;
 
+use crate::device::{RuntimeUnavailable, Vendor};
 use crate::error::{Fault, TransferError};
 use crate::memory::MemoryError;
 use crate::wire::WireError;
@@ -16,9 +17,6 @@ pub enum EngineError {
     /// Memory registration failed.
     #[error(transparent)]
     Memory(#[from] MemoryError),
-    /// A caller-supplied value is unusable.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
     /// The engine could not start listening (or start its threads).
     #[error("{what}: {source}")]
     Listen {
@@ -43,58 +41,137 @@ pub enum EngineError {
         #[source]
         source: TransferError,
     },
-    /// The peer's segment could not be opened.
-    #[error("cannot open segment {segment:?}: {reason}")]
-    Segment {
+    /// The peer's segment could not be opened: no transport of ours speaks a protocol it
+    /// serves.
+    #[error("cannot open segment {segment:?}: the peer serves {peer_serves:?} and this engine speaks {ours:?}; start the peer with MC_FORCE_TCP=1")]
+    NoCommonTransport {
         /// Segment name.
         segment: String,
-        /// Why.
-        reason: String,
+        /// The protocols its descriptor lists.
+        peer_serves: Vec<String>,
+        /// Ours.
+        ours: Vec<&'static str>,
     },
-    /// A handshake request failed.
-    #[error("handshake with {peer} failed: {reason}")]
+    /// A handshake request got an answer that refuses it.
+    #[error("handshake with {peer} failed: {answer}")]
     Handshake {
-        /// Peer RPC address.
+        /// The segment asked.
         peer: String,
-        /// Why.
-        reason: String,
+        /// What it answered.
+        #[source]
+        answer: HandshakeAnswer,
     },
-    /// A GPU runtime is missing or refused a call.
-    #[error("{0}")]
-    Device(String),
-    /// Something the caller asked for that this build does not do.
-    #[error("not supported: {0}")]
-    Unsupported(String),
+    /// Memory said to be a GPU's cannot be registered as such.
+    #[error("cannot register {location} memory at {addr:#x}: {cause}")]
+    Device {
+        /// The location the caller named (`cuda:0`).
+        location: String,
+        /// The memory's address.
+        addr: u64,
+        /// Why.
+        #[source]
+        cause: DeviceMismatch,
+    },
+    /// A metadata connection string this build does not take.
+    #[error("not supported: metadata server {conn:?}: {problem}; use {}, http://host:port/metadata or etcd://host:port[,host:port...]", super::P2P_HANDSHAKE)]
+    Unsupported {
+        /// The connection string.
+        conn: String,
+        /// What is wrong with it.
+        problem: ConnProblem,
+    },
     /// Peer bytes that could not be decoded.
     #[error("malformed message from peer: {0}")]
     Wire(#[from] WireError),
+    /// A call's `nic_hint` names no NIC this engine chooses among.
+    #[error(transparent)]
+    UnknownNic(#[from] crate::transport::UnknownNic),
+}
+
+/// A peer's answer that refuses a handshake request (its text is the peer's).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum HandshakeAnswer {
+    /// A notification's reply other than `success`.
+    #[error("notify refused: {0:?}")]
+    NotifyRefused(String),
+    /// A probe's reply that is not a transfer engine's.
+    #[error("unexpected probe reply {0:?}")]
+    UnexpectedProbeReply(String),
+}
+
+/// Why memory said to be on a GPU cannot be registered as that GPU's.
+#[derive(Debug, Clone, Error)]
+pub enum DeviceMismatch {
+    /// No GPU runtime is loaded.
+    #[error(transparent)]
+    NoRuntime(#[from] RuntimeUnavailable),
+    /// The loaded runtime is another vendor's.
+    #[error("the loaded GPU runtime is {loaded} ({path})")]
+    OtherVendor {
+        /// Its vendor.
+        loaded: Vendor,
+        /// Its library.
+        path: String,
+    },
+    /// The memory is on another device than the location names.
+    #[error("the pointer is on device {device}")]
+    OtherDevice {
+        /// The device it is on.
+        device: u32,
+    },
+    /// The runtime does not know the address as device memory.
+    #[error("{path} reports host or unknown memory at this address")]
+    NotDeviceMemory {
+        /// The runtime's library.
+        path: String,
+    },
+}
+
+impl DeviceMismatch {
+    /// Whether the caller named the wrong location (rather than this host lacking the
+    /// runtime the location needs).
+    pub fn is_callers(&self) -> bool {
+        matches!(
+            self,
+            Self::OtherDevice { .. } | Self::NotDeviceMemory { .. }
+        )
+    }
+}
+
+/// What is wrong with a metadata connection string.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConnProblem {
+    /// `https://`: this build has no TLS.
+    #[error("https is not supported (this build has no TLS)")]
+    Https,
+    /// A scheme other than `http` and `etcd`.
+    #[error("unknown scheme {0:?}")]
+    UnknownScheme(String),
+    /// No `scheme://`.
+    #[error("no scheme")]
+    NoScheme,
 }
 
 impl EngineError {
     /// Whose failure this is, from the variant and its source.
     pub fn fault(&self) -> Fault {
         use crate::metadata::MetadataError;
-        use crate::transport::select::Refusal;
         use crate::transport::TransportError;
         match self {
-            Self::Config(_) | Self::Memory(_) | Self::InvalidArgument(_) | Self::Unsupported(_) => {
+            Self::Config(_) | Self::Memory(_) | Self::Unsupported { .. } | Self::UnknownNic(_) => {
                 Fault::Caller
             }
-            Self::Listen { .. } | Self::Device(_) => Fault::Host,
-            Self::Metadata(MetadataError::Store { .. }) => Fault::Host,
-            Self::Metadata(_) | Self::Segment { .. } | Self::Handshake { .. } | Self::Wire(_) => {
-                Fault::Peer
-            }
-            Self::Transport(TransportError::Refused(r)) => match r {
-                Refusal::ProtocolNotServed { .. }
-                | Refusal::UnknownProtocol { .. }
-                | Refusal::Topology { .. } => Fault::Caller,
-                Refusal::RdmaRequired { .. } | Refusal::GpuUnavailable { .. } => Fault::Host,
-            },
-            Self::Transport(TransportError::Unusable { .. }) => Fault::Peer,
-            Self::Transport(TransportError::Register { .. } | TransportError::Io { .. }) => {
-                Fault::Host
-            }
+            Self::Device { cause, .. } if cause.is_callers() => Fault::Caller,
+            Self::Listen { .. } | Self::Device { .. } => Fault::Host,
+            Self::Metadata(MetadataError::Store { cause, .. }) => cause.fault(),
+            Self::Metadata(_)
+            | Self::NoCommonTransport { .. }
+            | Self::Handshake { .. }
+            | Self::Wire(_) => Fault::Peer,
+            Self::Transport(TransportError::Refused(r)) => r.fault(),
+            Self::Transport(TransportError::Unusable { cause, .. }) => cause.fault(),
+            Self::Transport(TransportError::Register { cause, .. }) => cause.fault(),
+            Self::Transport(TransportError::Io { .. }) => Fault::Host,
             Self::Transfer { source, .. } => source.fault(),
         }
     }
@@ -103,7 +180,7 @@ impl EngineError {
     pub fn code(&self) -> i32 {
         match self {
             Self::Memory(m) => m.code(),
-            Self::InvalidArgument(_) | Self::Config(_) | Self::Unsupported(_) => -1,
+            Self::Config(_) | Self::Unsupported { .. } | Self::UnknownNic(_) => -1,
             Self::Listen { .. } => -102,
             Self::Transport(crate::transport::TransportError::Unusable { .. }) => -201,
             Self::Transport(crate::transport::TransportError::Io { .. }) => -102,
@@ -114,10 +191,10 @@ impl EngineError {
             Self::Metadata(crate::metadata::MetadataError::BadDescriptor { .. }) => -200,
             Self::Metadata(crate::metadata::MetadataError::Store { .. }) => -200,
             Self::Metadata(crate::metadata::MetadataError::UnknownSegment { .. }) => -200,
-            Self::Device(_) => -6,
+            Self::Device { .. } => -6,
             Self::Handshake { .. } => -104,
             Self::Wire(_) => -103,
-            Self::Segment { .. } => -200,
+            Self::NoCommonTransport { .. } => -200,
         }
     }
 }
@@ -131,8 +208,21 @@ mod tests {
     fn each_call_failure_names_whose_it_is() {
         let io = || std::io::Error::from(std::io::ErrorKind::AddrInUse);
         let cases = [
-            (EngineError::InvalidArgument("len 0".into()), Fault::Caller),
-            (EngineError::Unsupported("nic_hint".into()), Fault::Caller),
+            (
+                EngineError::Unsupported {
+                    conn: "https://m".into(),
+                    problem: ConnProblem::Https,
+                },
+                Fault::Caller,
+            ),
+            (
+                EngineError::UnknownNic(crate::transport::UnknownNic {
+                    name: "mlx5_9".into(),
+                    protocol: "rdma",
+                    nics: vec!["mlx5_0".into()],
+                }),
+                Fault::Caller,
+            ),
             (
                 EngineError::Listen {
                     what: "cannot listen".into(),
@@ -140,7 +230,22 @@ mod tests {
                 },
                 Fault::Host,
             ),
-            (EngineError::Device("no libcudart".into()), Fault::Host),
+            (
+                EngineError::Device {
+                    location: "cuda:0".into(),
+                    addr: 0x1000,
+                    cause: RuntimeUnavailable::Disabled.into(),
+                },
+                Fault::Host,
+            ),
+            (
+                EngineError::Device {
+                    location: "cuda:0".into(),
+                    addr: 0x1000,
+                    cause: DeviceMismatch::OtherDevice { device: 1 },
+                },
+                Fault::Caller,
+            ),
             (
                 EngineError::Metadata(MetadataError::UnknownSegment {
                     segment: "prefill-0".into(),
@@ -151,7 +256,7 @@ mod tests {
             (
                 EngineError::Handshake {
                     peer: "10.0.0.2:1".into(),
-                    reason: "reset".into(),
+                    answer: HandshakeAnswer::NotifyRefused("queue full".into()),
                 },
                 Fault::Peer,
             ),
@@ -173,5 +278,46 @@ mod tests {
         for (e, fault) in cases {
             assert_eq!(e.fault(), fault, "{e}");
         }
+    }
+
+    #[test]
+    fn messages_are_built_from_the_fields() {
+        let e = EngineError::Unsupported {
+            conn: "https://m".into(),
+            problem: ConnProblem::Https,
+        };
+        assert_eq!(
+            e.to_string(),
+            "not supported: metadata server \"https://m\": https is not supported (this build \
+             has no TLS); use P2PHANDSHAKE, http://host:port/metadata or \
+             etcd://host:port[,host:port...]"
+        );
+        let e = EngineError::NoCommonTransport {
+            segment: "s".into(),
+            peer_serves: vec!["rdma".into()],
+            ours: vec!["tcp"],
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot open segment \"s\": the peer serves [\"rdma\"] and this engine speaks \
+             [\"tcp\"]; start the peer with MC_FORCE_TCP=1"
+        );
+        let e = EngineError::Device {
+            location: "cuda:0".into(),
+            addr: 0x1000,
+            cause: DeviceMismatch::OtherDevice { device: 1 },
+        };
+        assert_eq!(
+            e.to_string(),
+            "cannot register cuda:0 memory at 0x1000: the pointer is on device 1"
+        );
+        let e = EngineError::Handshake {
+            peer: "p".into(),
+            answer: HandshakeAnswer::UnexpectedProbeReply("HTTP/1.1".into()),
+        };
+        assert_eq!(
+            e.to_string(),
+            "handshake with p failed: unexpected probe reply \"HTTP/1.1\""
+        );
     }
 }

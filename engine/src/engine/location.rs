@@ -1,30 +1,28 @@
 //! Where registered memory lives: `cpu:N`, `cuda:N`, `musa:N`, resolved from `*`.
 
-use super::error::EngineError;
+use super::error::{DeviceMismatch, EngineError};
 
 pub(super) fn resolve_location(addr: u64, location: &str) -> Result<String, EngineError> {
     use crate::device::{self, Vendor};
     if let Some((vendor, dev)) = Vendor::parse_location(location) {
-        let fail = |why: String| {
-            EngineError::Device(format!(
-                "cannot register {location} memory at {addr:#x}: {why}"
-            ))
+        let fail = |cause: DeviceMismatch| EngineError::Device {
+            location: location.to_string(),
+            addr,
+            cause,
         };
-        let rt = device::runtime().map_err(|e| fail(e.to_string()))?;
+        let rt = device::runtime().map_err(|e| fail(e.into()))?;
         if rt.vendor() != vendor {
-            return Err(fail(format!(
-                "the loaded GPU runtime is {} ({})",
-                rt.vendor(),
-                rt.path()
-            )));
+            return Err(fail(DeviceMismatch::OtherVendor {
+                loaded: rt.vendor(),
+                path: rt.path().to_string(),
+            }));
         }
         return match rt.device_of(addr) {
             Some(d) if d == dev => Ok(location.to_string()),
-            Some(d) => Err(fail(format!("the pointer is on device {d}"))),
-            None => Err(fail(format!(
-                "{} reports host or unknown memory at this address",
-                rt.path()
-            ))),
+            Some(device) => Err(fail(DeviceMismatch::OtherDevice { device })),
+            None => Err(fail(DeviceMismatch::NotDeviceMemory {
+                path: rt.path().to_string(),
+            })),
         };
     }
     if location == "*" || location.is_empty() {

@@ -28,7 +28,7 @@ use crate::wire::descriptor::{BufferDesc, NotifyMsg, SegmentDesc, PROBE_REPLY};
 use crate::wire::handshake::MessageType;
 use crate::wire::session::{HostPort, SegmentId};
 use crate::wire::tcp::OpCode;
-use error::EngineError;
+use error::{ConnProblem, EngineError, HandshakeAnswer};
 use housekeeping::Housekeeping;
 use location::resolve_location;
 
@@ -47,19 +47,18 @@ impl StoreKind {
         if conn == P2P_HANDSHAKE {
             return Ok(Self::P2p);
         }
-        let unsupported = |why: String| {
-            Err(EngineError::Unsupported(format!(
-                "metadata server {conn:?}: {why}; use {P2P_HANDSHAKE}, http://host:port/metadata or etcd://host:port[,host:port...]"
-            )))
+        let unsupported = |problem| {
+            Err(EngineError::Unsupported {
+                conn: conn.to_string(),
+                problem,
+            })
         };
         match conn.split_once("://") {
             Some(("http", _)) => Ok(Self::Http(conn.to_string())),
-            Some(("https", _)) => {
-                unsupported("https is not supported (this build has no TLS)".into())
-            }
+            Some(("https", _)) => unsupported(ConnProblem::Https),
             Some(("etcd", _)) => Ok(Self::Etcd(conn.to_string())),
-            Some((scheme, _)) => unsupported(format!("unknown scheme {scheme:?}")),
-            None => unsupported("no scheme".into()),
+            Some((scheme, _)) => unsupported(ConnProblem::UnknownScheme(scheme.to_string())),
+            None => unsupported(ConnProblem::NoScheme),
         }
     }
 }
@@ -348,7 +347,7 @@ impl TransferEngine {
     /// `MC_TE_FILTERS` and `device_name` as `initialize` narrows it.
     pub fn local_topology(&self, device_name: &str) -> Result<String, EngineError> {
         let topo = crate::topology::local(&self.inner.config, device_name)
-            .map_err(|reason| crate::transport::select::Refusal::Topology { reason })
+            .map_err(|cause| crate::transport::select::Refusal::Topology { cause })
             .map_err(crate::transport::TransportError::Refused)?;
         Ok(crate::topology::to_json(&topo.matrix))
     }
@@ -450,7 +449,7 @@ impl TransferEngine {
         if reply.notify_msg != "success" {
             return Err(EngineError::Handshake {
                 peer: segment.to_string(),
-                reason: format!("notify refused: {:?}", reply.notify_msg),
+                answer: HandshakeAnswer::NotifyRefused(reply.notify_msg),
             });
         }
         Ok(())
@@ -477,7 +476,7 @@ impl TransferEngine {
         } else {
             Err(EngineError::Handshake {
                 peer: segment.to_string(),
-                reason: format!("unexpected probe reply {reply:?}"),
+                answer: HandshakeAnswer::UnexpectedProbeReply(reply),
             })
         }
     }
@@ -695,13 +694,10 @@ impl Inner {
             .iter()
             .find(|t| t.reaches(desc))
             .cloned()
-            .ok_or_else(|| EngineError::Segment {
+            .ok_or_else(|| EngineError::NoCommonTransport {
                 segment: id.to_string(),
-                reason: format!(
-                    "the peer serves {:?} and this engine speaks {:?}; start the peer with MC_FORCE_TCP=1",
-                    desc.protocol,
-                    self.transports.iter().map(|t| t.protocol()).collect::<Vec<_>>()
-                ),
+                peer_serves: desc.protocol.clone(),
+                ours: self.transports.iter().map(|t| t.protocol()).collect(),
             })
     }
 }

@@ -68,8 +68,9 @@ impl Inner {
         let mut transports: Vec<Arc<dyn Transport>> = vec![transport];
         let routes = self.routes(&desc, requests, &unknown, &mut transports);
         let nic = options.nic.as_deref().filter(|n| !n.is_empty());
-        if let Some(why) = nic.and_then(|name| crate::transport::unknown_nic(name, &transports)) {
-            return Err(EngineError::InvalidArgument(why));
+        if let Some(unknown) = nic.and_then(|name| crate::transport::unknown_nic(name, &transports))
+        {
+            return Err(unknown.into());
         }
         let stripes = Stripes::of(&transports);
         let batch = self.new_batch(&seg, requests, &unknown, &routes, &transports, &stripes);

@@ -22,9 +22,10 @@ use std::time::Duration;
 use mooncake_etcd::{Client, ConnectOptions, PutOptions};
 use parking_lot::Mutex;
 
+use super::store_failure::{EndpointError, EtcdAttempt};
 use super::{
     check_old_owner, local_engine_joined, local_engine_left, stored_desc, KeySpace, MetadataError,
-    MetadataStore, RpcMeta,
+    MetadataStore, RpcMeta, StoreFailure,
 };
 use crate::config::Config;
 use crate::wire::descriptor::SegmentDesc;
@@ -59,24 +60,28 @@ pub struct EtcdStore {
     keeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-fn store_err(store: &str, reason: String) -> MetadataError {
+fn store_err(store: &str, cause: StoreFailure) -> MetadataError {
     MetadataError::Store {
         store: store.to_string(),
-        reason,
+        cause,
     }
 }
 
 /// The endpoints of `etcd://h1:2379,h2:2379` (`,` or `;` separated), as URLs.
-pub fn parse_endpoints(list: &str) -> Result<Vec<String>, String> {
+pub fn parse_endpoints(list: &str) -> Result<Vec<String>, EndpointError> {
     let mut out = Vec::new();
     for ep in list.split([',', ';']).map(str::trim) {
         if ep.is_empty() {
-            return Err(format!("empty endpoint in {list:?}"));
+            return Err(EndpointError::Empty {
+                list: list.to_string(),
+            });
         }
         if ep.contains("://") {
-            return Err(format!("endpoint {ep:?}: give host:port without a scheme"));
+            return Err(EndpointError::Scheme {
+                endpoint: ep.to_string(),
+            });
         }
-        HostPort::parse(ep, 2379).map_err(|e| e.to_string())?;
+        HostPort::parse(ep, 2379)?;
         out.push(format!("http://{ep}"));
     }
     Ok(out)
@@ -104,7 +109,15 @@ impl Shared {
             Some(kv) => kv
                 .value_str()
                 .map(|s| Some(s.to_string()))
-                .map_err(|e| store_err(&self.store, format!("GET {key}: value is not UTF-8: {e}"))),
+                .map_err(|source| {
+                    store_err(
+                        &self.store,
+                        StoreFailure::NotUtf8 {
+                            key: key.to_string(),
+                            source,
+                        },
+                    )
+                }),
         }
     }
 
@@ -173,7 +186,7 @@ impl Shared {
 /// client stops choosing it; an etcd restarting answers "unavailable" for a while).
 async fn in_time<T, F>(
     store: &str,
-    op: &str,
+    op: &'static str,
     key: &str,
     mut make: impl FnMut() -> F,
 ) -> Result<T, MetadataError>
@@ -185,13 +198,18 @@ where
     loop {
         let last = match tokio::time::timeout_at(deadline, make()).await {
             Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "no answer".to_string(),
+            Ok(Err(e)) => EtcdAttempt::Failed(e),
+            Err(_) => EtcdAttempt::NoAnswer,
         };
         if tokio::time::Instant::now() + pause >= deadline {
             return Err(store_err(
                 store,
-                format!("{op} {key}: failed for {OP_TIMEOUT:?}; last error: {last}"),
+                StoreFailure::Deadline {
+                    op,
+                    key: key.to_string(),
+                    limit: OP_TIMEOUT,
+                    last,
+                },
             ));
         }
         tokio::time::sleep(pause).await;
@@ -204,13 +222,13 @@ impl EtcdStore {
     /// `config.metadata_cluster_id`.
     pub fn new(conn: &str, config: Config) -> Result<Self, MetadataError> {
         let list = conn.strip_prefix("etcd://").unwrap_or(conn);
-        let endpoints = parse_endpoints(list).map_err(|e| store_err(conn, e))?;
+        let endpoints = parse_endpoints(list).map_err(|e| store_err(conn, e.into()))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("etcd-client")
             .enable_all()
             .build()
-            .map_err(|e| store_err(conn, format!("cannot start its runtime: {e}")))?;
+            .map_err(|e| store_err(conn, StoreFailure::Runtime(e)))?;
         let opts = ConnectOptions::new()
             .with_connect_timeout(OP_TIMEOUT)
             .with_timeout(OP_TIMEOUT);
@@ -234,7 +252,7 @@ impl EtcdStore {
     fn block_on<T>(&self, fut: impl std::future::Future<Output = T>) -> Result<T, MetadataError> {
         match &self.rt {
             Some(rt) => Ok(rt.block_on(fut)),
-            None => Err(store_err(&self.shared.store, "the store is closed".into())),
+            None => Err(store_err(&self.shared.store, StoreFailure::Closed)),
         }
     }
 }
@@ -271,7 +289,7 @@ impl MetadataStore for EtcdStore {
             })?;
         RpcMeta::decode(&body)
             .map(|m| m.host_port())
-            .map_err(|e| store_err(&s.store, format!("GET {key}: unusable value: {e}")))
+            .map_err(|source| store_err(&s.store, StoreFailure::UnusableValue { key, source }))
     }
 
     fn join(&self, name: &str, rpc: &RpcMeta) -> Result<(), MetadataError> {
@@ -290,12 +308,7 @@ impl MetadataStore for EtcdStore {
         let back = self.block_on(s.get(&key))??.unwrap_or_default();
         match RpcMeta::decode(&back) {
             Ok(m) if &m == rpc => {}
-            other => {
-                return Err(store_err(
-                    &s.store,
-                    format!("key {key} just written reads back as {other:?}"),
-                ))
-            }
+            found => return Err(store_err(&s.store, StoreFailure::ReadBack { key, found })),
         }
         if let Some(rt) = &self.rt {
             *self.keeper.lock() = Some(rt.spawn(s.clone().keep_alive()));

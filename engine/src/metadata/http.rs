@@ -13,9 +13,10 @@
 
 use std::time::Duration;
 
+use super::store_failure::HttpAnswer;
 use super::{
     check_old_owner, local_engine_joined, local_engine_left, stored_desc, KeySpace, MetadataError,
-    MetadataStore, RpcMeta,
+    MetadataStore, RpcMeta, StoreFailure,
 };
 use crate::config::Config;
 use crate::wire::descriptor::SegmentDesc;
@@ -45,28 +46,38 @@ struct Reply {
     body: String,
 }
 
+impl Reply {
+    /// This answer to `method` of `key`, for an error.
+    fn answer(&self, method: &'static str, key: &str) -> HttpAnswer {
+        HttpAnswer {
+            method,
+            key: key.to_string(),
+            status: self.status,
+            body: excerpt(&self.body),
+        }
+    }
+}
+
 impl HttpStore {
     /// A store at `url` (`http://host:port/path`) for the keys of `cluster_id`. No request
     /// is made yet.
     pub fn new(url: &str, cluster_id: &str, config: Config) -> Result<Self, MetadataError> {
-        let bad = |reason: String| MetadataError::Store {
+        let bad = |cause: StoreFailure| MetadataError::Store {
             store: url.to_string(),
-            reason,
+            cause,
         };
         let rest = url
             .strip_prefix("http://")
-            .ok_or_else(|| bad("only http:// URLs are supported (this build has no TLS)".into()))?;
+            .ok_or_else(|| bad(StoreFailure::NotHttp))?;
         let authority = rest.split(['/', '?']).next().unwrap_or_default();
         if authority.is_empty() {
-            return Err(bad("the URL has no host".into()));
+            return Err(bad(StoreFailure::NoHost));
         }
         if url.contains('?') || url.contains('#') {
-            return Err(bad(
-                "the URL must not have a query or fragment (the key is added as ?key=...)".into(),
-            ));
+            return Err(bad(StoreFailure::QueryOrFragment));
         }
         // Validate the way the client will parse it.
-        ureq::http::Uri::try_from(url).map_err(|e| bad(format!("not a valid URL: {e}")))?;
+        ureq::http::Uri::try_from(url).map_err(|e| bad(StoreFailure::BadUrl(e)))?;
         let agent = ureq::Agent::config_builder()
             .timeout_connect(Some(CONNECT_TIMEOUT))
             .timeout_global(Some(REQUEST_TIMEOUT))
@@ -94,24 +105,28 @@ impl HttpStore {
         }
         let back = self.get(&key)?;
         if back.status != 200 {
-            return Err(self.err(format!(
-                "key {key} just written reads back with status {} ({})",
-                back.status,
-                excerpt(&back.body)
-            )));
+            return Err(self.err(StoreFailure::ReadBackStatus {
+                key,
+                status: back.status,
+                body: excerpt(&back.body),
+            }));
         }
         match RpcMeta::decode(&back.body) {
             Ok(m) if &m == rpc => {}
-            Ok(m) => {
-                return Err(self.err(format!(
-                    "key {key} reads back as {m:?} instead of {rpc:?}: another engine took the name {name:?}"
-                )))
+            Ok(found) => {
+                return Err(self.err(StoreFailure::TakenOver {
+                    key,
+                    found: Box::new(found),
+                    ours: Box::new(rpc.clone()),
+                    name: name.to_string(),
+                }))
             }
-            Err(e) => {
-                return Err(self.err(format!(
-                    "key {key} reads back as garbage ({e}): {}",
-                    excerpt(&back.body)
-                )))
+            Err(source) => {
+                return Err(self.err(StoreFailure::ReadBackGarbage {
+                    key,
+                    source,
+                    body: excerpt(&back.body),
+                }))
             }
         }
         *self.joined.lock() = Some((name.to_string(), rpc.clone()));
@@ -128,24 +143,27 @@ impl HttpStore {
         rpc: &RpcMeta,
         refused: &Reply,
     ) -> Result<(), MetadataError> {
-        let refused_why = format!(
-            "PUT {key} answered {} ({})",
-            refused.status,
-            excerpt(&refused.body)
-        );
+        let refused = refused.answer("PUT", key);
         let old = self.get(key)?;
         if old.status != 200 {
-            return Err(self.err(refused_why));
+            return Err(self.err(StoreFailure::Status(refused)));
         }
-        let old = RpcMeta::decode(&old.body)
-            .map_err(|e| self.err(format!("{refused_why}; the existing entry is garbage: {e}")))?;
+        let old = match RpcMeta::decode(&old.body) {
+            Ok(old) => old,
+            Err(source) => {
+                return Err(self.err(StoreFailure::StaleEntryGarbage {
+                    refused: Box::new(refused),
+                    source,
+                }));
+            }
+        };
         check_old_owner(&self.url, name, &old, rpc, &self.config)?;
         let del = self.delete(key)?;
         if del.status != 200 && del.status != 404 {
-            return Err(self.err(format!(
-                "{refused_why}; DELETE of the stale entry answered {}",
-                del.status
-            )));
+            return Err(self.err(StoreFailure::StaleEntryKept {
+                refused,
+                status: del.status,
+            }));
         }
         self.put_ok(key, &rpc.encode())
     }
@@ -154,36 +172,44 @@ impl HttpStore {
     fn put_ok(&self, key: &str, json: &str) -> Result<(), MetadataError> {
         let reply = self.put(key, json)?;
         if reply.status != 200 {
-            return Err(self.err(format!(
-                "PUT {key} answered {} ({})",
-                reply.status,
-                excerpt(&reply.body)
-            )));
+            return Err(self.err(StoreFailure::Status(reply.answer("PUT", key))));
         }
         Ok(())
     }
 
-    fn err(&self, reason: String) -> MetadataError {
+    fn err(&self, cause: StoreFailure) -> MetadataError {
         MetadataError::Store {
             store: self.url.clone(),
-            reason,
+            cause,
         }
     }
 
     fn finish(
         &self,
-        method: &str,
+        method: &'static str,
         key: &str,
         res: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<Reply, MetadataError> {
-        let mut resp = res.map_err(|e| self.err(format!("{method} {key}: {e}")))?;
+        let mut resp = res.map_err(|source| {
+            self.err(StoreFailure::Request {
+                method,
+                key: key.to_string(),
+                source,
+            })
+        })?;
         let status = resp.status().as_u16();
         let body = resp
             .body_mut()
             .with_config()
             .limit(MAX_VALUE_BYTES)
             .read_to_string()
-            .map_err(|e| self.err(format!("{method} {key}: reading the reply: {e}")))?;
+            .map_err(|source| {
+                self.err(StoreFailure::ReadReply {
+                    method,
+                    key: key.to_string(),
+                    source,
+                })
+            })?;
         Ok(Reply { status, body })
     }
 
@@ -215,7 +241,7 @@ impl HttpStore {
                 segment: segment.to_string(),
                 store: self.url.clone(),
             }),
-            s => Err(self.err(format!("GET {key} answered {s} ({})", excerpt(&reply.body)))),
+            _ => Err(self.err(StoreFailure::Status(reply.answer("GET", key)))),
         }
     }
 }
@@ -235,7 +261,7 @@ impl MetadataStore for HttpStore {
         let body = self.get_known(&key, id.name())?;
         RpcMeta::decode(&body)
             .map(|m| m.host_port())
-            .map_err(|e| self.err(format!("GET {key}: unusable value: {e}")))
+            .map_err(|source| self.err(StoreFailure::UnusableValue { key, source }))
     }
 
     fn join(&self, name: &str, rpc: &RpcMeta) -> Result<(), MetadataError> {

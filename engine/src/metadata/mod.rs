@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod handshake;
 pub mod http;
 pub mod http_server;
+pub mod store_failure;
 
 use thiserror::Error;
 
@@ -20,6 +21,7 @@ use crate::wire::descriptor::SegmentDesc;
 use crate::wire::handshake::MessageType;
 use crate::wire::session::{HostPort, SegmentId};
 use crate::wire::WireError;
+pub use store_failure::StoreFailure;
 
 /// Why a descriptor could not be fetched or published.
 #[derive(Debug, Error)]
@@ -43,12 +45,13 @@ pub enum MetadataError {
         source: WireError,
     },
     /// The metadata store failed or answered something unusable.
-    #[error("metadata store {store}: {reason}")]
+    #[error("metadata store {store}: {cause}")]
     Store {
         /// The store's address.
         store: String,
-        /// What went wrong (the key involved, the status or the decoding error).
-        reason: String,
+        /// What went wrong, with the key involved and what the store answered.
+        #[source]
+        cause: StoreFailure,
     },
     /// The store does not know the segment.
     #[error("segment {segment:?} is not registered in metadata store {store}")]
@@ -182,7 +185,10 @@ pub fn check_old_owner(
     if engine_alive(&old.host_port(), config, OWNER_PROBE_TIMEOUT) {
         return Err(MetadataError::Store {
             store: store.to_string(),
-            reason: format!("segment name {name:?} is in use by a live engine at {at}"),
+            cause: StoreFailure::NameInUse {
+                name: name.to_string(),
+                at,
+            },
         });
     }
     tracing::info!(

@@ -49,7 +49,7 @@ pub const FAILURE_KINDS: [&str; 7] = [
 pub fn failure_kind(e: &TransferError) -> usize {
     match e {
         TransferError::PeerUnreachable { .. } => 0,
-        TransferError::PeerGone { .. } => 1,
+        TransferError::PeerLost { .. } => 1,
         TransferError::AddressRejected { .. } => 2,
         TransferError::Protocol { .. } => 3,
         TransferError::LocalNotRegistered { .. } => 4,

@@ -2,9 +2,51 @@
 //! HCA names, `[preferred, available]`. Printed by `get_local_topology`, read from the
 //! file `MC_CUSTOM_TOPO_JSON` names, and advertised to peers as `priority_matrix`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
 
 use super::Topology;
+
+/// Why a topology JSON is refused.
+#[derive(Debug, Error)]
+pub enum ShapeError {
+    /// Not JSON at all.
+    #[error("not valid JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// Not an object at the top.
+    #[error("the top level must be an object mapping locations to [[preferred], [available]]")]
+    NotObject,
+    /// A location that does not map to two arrays of names.
+    #[error("location {location:?} must map to exactly two arrays of HCA names, [[preferred...], [available...]]")]
+    Location {
+        /// The location.
+        location: String,
+    },
+}
+
+/// Why the file `MC_CUSTOM_TOPO_JSON` names cannot be used.
+#[derive(Debug, Error)]
+pub enum TopoFileError {
+    /// It cannot be read.
+    #[error("MC_CUSTOM_TOPO_JSON={}: cannot read the file: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It is not a topology.
+    #[error("MC_CUSTOM_TOPO_JSON={}: {source}", .path.display())]
+    Shape {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        #[source]
+        source: ShapeError,
+    },
+}
 
 /// The JSON text upstream's `get_local_topology` returns (pretty-printed).
 pub fn to_json(topo: &Topology) -> String {
@@ -12,18 +54,13 @@ pub fn to_json(topo: &Topology) -> String {
 }
 
 /// Parses a topology, refusing any other shape than upstream's parser accepts.
-pub fn parse(text: &str) -> Result<Topology, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
-    let object = value
-        .as_object()
-        .ok_or("the top level must be an object mapping locations to [[preferred], [available]]")?;
+pub fn parse(text: &str) -> Result<Topology, ShapeError> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(ShapeError::NotJson)?;
+    let object = value.as_object().ok_or(ShapeError::NotObject)?;
     let mut topo = Topology::new();
     for (location, entry) in object {
-        let shape_err = || {
-            format!(
-                "location {location:?} must map to exactly two arrays of HCA names, [[preferred...], [available...]]"
-            )
+        let shape_err = || ShapeError::Location {
+            location: location.clone(),
         };
         let pair = entry
             .as_array()
@@ -41,14 +78,15 @@ pub fn parse(text: &str) -> Result<Topology, String> {
 }
 
 /// Reads and parses the file `MC_CUSTOM_TOPO_JSON` names.
-pub fn load(path: &Path) -> Result<Topology, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "MC_CUSTOM_TOPO_JSON={}: cannot read the file: {e}",
-            path.display()
-        )
+pub fn load(path: &Path) -> Result<Topology, TopoFileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TopoFileError::Read {
+        path: path.to_path_buf(),
+        source,
     })?;
-    parse(&text).map_err(|e| format!("MC_CUSTOM_TOPO_JSON={}: {e}", path.display()))
+    parse(&text).map_err(|source| TopoFileError::Shape {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Every HCA name the topology mentions, in first-seen order.
@@ -85,9 +123,16 @@ mod tests {
             r#"{"cpu:0": {"preferred": []}}"#,
         ] {
             let err = parse(bad).unwrap_err();
-            assert!(err.contains("\"cpu:0\""), "{bad}: {err}");
+            assert!(
+                matches!(&err, ShapeError::Location { location } if location == "cpu:0"),
+                "{bad}: {err}"
+            );
+            assert!(err.to_string().contains("\"cpu:0\""), "{bad}: {err}");
         }
-        assert!(parse("[]").unwrap_err().contains("top level"));
-        assert!(parse("{").unwrap_err().contains("not valid JSON"));
+        assert!(matches!(parse("[]"), Err(ShapeError::NotObject)));
+        assert!(parse("{")
+            .unwrap_err()
+            .to_string()
+            .contains("not valid JSON"));
     }
 }

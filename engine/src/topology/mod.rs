@@ -102,7 +102,7 @@ impl<'a> Params<'a> {
 /// Discovers the topology. Fails only on an unreadable or malformed `MC_CUSTOM_TOPO_JSON`.
 // size: discovery in order (the HCAs, a custom topology, the wanted and usable HCAs, the
 // matrix), each step feeding the next. Not cut into steps yet.
-pub fn discover(p: &Params<'_>) -> Result<Discovered, String> {
+pub fn discover(p: &Params<'_>) -> Result<Discovered, json::TopoFileError> {
     let root = p.sysfs_root;
     let all = sysfs::hcas(root);
     let present: Vec<String> = all.iter().map(|h| h.name.clone()).collect();
@@ -193,7 +193,7 @@ pub fn discover(p: &Params<'_>) -> Result<Discovered, String> {
 
 /// The topology of this host as `config` and `device_name` narrow it, with the GPUs of
 /// the loaded runtime.
-pub fn local(config: &Config, device_name: &str) -> Result<Discovered, String> {
+pub fn local(config: &Config, device_name: &str) -> Result<Discovered, json::TopoFileError> {
     let gpus = gpu::discover();
     discover(&Params::new(config, device_name, &gpus))
 }

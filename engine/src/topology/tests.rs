@@ -260,10 +260,20 @@ fn custom_topology_json_replaces_discovery_and_drops_unknown_hcas() {
     let c = config(&t, &[("MC_CUSTOM_TOPO_JSON", &path)]);
     let err = discover(&Params::new(&c, "", &[])).unwrap_err();
     assert!(
-        err.contains("MC_CUSTOM_TOPO_JSON") && err.contains("exactly two arrays"),
-        "{err}"
+        matches!(&err, json::TopoFileError::Shape { path: p, source: json::ShapeError::Location { location } }
+            if p == &file && location == "cpu:0"),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("MC_CUSTOM_TOPO_JSON") && text.contains("exactly two arrays"),
+        "{text}"
     );
     let c = config(&t, &[("MC_CUSTOM_TOPO_JSON", "/nonexistent/topo.json")]);
     let err = discover(&Params::new(&c, "", &[])).unwrap_err();
-    assert!(err.contains("cannot read"), "{err}");
+    assert!(
+        matches!(&err, json::TopoFileError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("cannot read"), "{err}");
 }

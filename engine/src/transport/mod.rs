@@ -8,6 +8,7 @@
 //! it, so that a canceled batch or an unregistered region can cut that connection and
 //! know when the memory is free again.
 
+pub mod causes;
 pub mod ipc;
 pub mod rdma;
 pub mod select;
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::error::TransferError;
+use crate::error::{TransferError, Unreachable};
 use crate::memory::{Abort, MemSpan, Pin, Region};
 use crate::task::BatchState;
 use crate::wire::descriptor::{BufferDesc, SegmentDesc};
@@ -28,21 +29,22 @@ use crate::wire::tcp::OpCode;
 #[derive(Debug, Error)]
 pub enum TransportError {
     /// The peer's descriptor lacks what this transport needs.
-    #[error("segment {segment} cannot be reached over {protocol}: {reason}")]
+    #[error("segment {segment} cannot be reached over {protocol}: {cause}")]
     Unusable {
         /// Segment name.
         segment: String,
         /// This transport's protocol.
         protocol: &'static str,
         /// What is missing or wrong.
-        reason: String,
+        #[source]
+        cause: causes::UnusableCause,
     },
     /// The requested transports cannot be started: why (protocol not served, RDMA
     /// required by `MC_FORCE_HCA` but unusable, a bad `MC_CUSTOM_TOPO_JSON`, ...).
     #[error(transparent)]
     Refused(#[from] select::Refusal),
     /// Memory could not be registered with the transport's devices.
-    #[error("cannot register {addr:#x}+{len} for {protocol}: {reason}")]
+    #[error("cannot register {addr:#x}+{len} for {protocol}: {cause}")]
     Register {
         /// Start address.
         addr: u64,
@@ -50,8 +52,9 @@ pub enum TransportError {
         len: u64,
         /// The transport's protocol.
         protocol: &'static str,
-        /// What failed and what to do.
-        reason: String,
+        /// What failed, and what to do.
+        #[source]
+        cause: causes::RegisterCause,
     },
     /// A listener, thread or socket could not be set up.
     #[error("{what}: {source}")]
@@ -127,10 +130,10 @@ pub fn start(
         .session_id();
         match ipc::IpcTransport::start(memory.clone(), config, session_id, &control) {
             Ok(t) => out.push(Arc::new(t)),
-            Err(why) if plan.ipc => {
+            Err(reason) if plan.ipc => {
                 return Err(select::Refusal::GpuUnavailable {
                     protocol: request.protocol.clone(),
-                    reason: format!("same-host GPU IPC cannot start: {why}"),
+                    cause: select::GpuBlocker::IpcStart { reason },
                 }
                 .into())
             }
@@ -147,7 +150,7 @@ pub fn start(
             Ok(t) => out.push(t),
             Err(why) if config.force_hca => {
                 return Err(select::Refusal::RdmaRequired {
-                    reason: format!("the RDMA transport cannot start: {why}"),
+                    cause: select::RdmaBlocker::Start(Box::new(why)),
                 }
                 .into())
             }
@@ -175,7 +178,7 @@ pub fn plan(
     let topology = match probing {
         true => Some(
             crate::topology::local(config, &request.device_name)
-                .map_err(|reason| select::Refusal::Topology { reason })?,
+                .map_err(|cause| select::Refusal::Topology { cause })?,
         ),
         false => None,
     };
@@ -187,9 +190,9 @@ pub fn plan(
                 vendor: rt.vendor(),
                 devices: rt.device_count(),
             },
-            Err(e) => select::GpuPresence::Absent(e.to_string()),
+            Err(e) => select::GpuPresence::Absent(e),
         },
-        false => select::GpuPresence::Absent("not probed".into()),
+        false => select::GpuPresence::NotProbed,
     };
     let peer_memory = crate::topology::sysfs::peer_memory_module(&config.sysfs_root);
     select::decide(&select::Inputs {
@@ -219,13 +222,24 @@ fn rdma_transport(
     plan: &select::RdmaPlan,
     session_id: &str,
     config: &crate::config::Config,
-) -> Result<Arc<dyn Transport>, String> {
+) -> Result<Arc<dyn Transport>, TransportError> {
+    let unusable = |cause| TransportError::Unusable {
+        segment: session_id.to_string(),
+        protocol: rdma::PROTOCOL,
+        cause,
+    };
     let hcas = plan
         .hcas
         .iter()
         .map(|h| {
-            let narrow = |v: u32, what: &str| {
-                u8::try_from(v).map_err(|_| format!("{what} {v} of HCA {} is out of range", h.name))
+            let narrow = |value: u32, what: &'static str| {
+                u8::try_from(value).map_err(|_| {
+                    unusable(causes::UnusableCause::OutOfRange {
+                        what,
+                        value,
+                        hca: h.name.clone(),
+                    })
+                })
             };
             Ok(rdma::verbs_backend::HcaSpec {
                 name: h.name.clone(),
@@ -233,22 +247,24 @@ fn rdma_transport(
                 gid_index: narrow(h.gid_index, "GID index")?,
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, TransportError>>()?;
     let params = rdma::RdmaParams {
         slice_size: config.rdma_slice_size,
         fragment_ratio: u64::from(config.fragment_ratio),
         num_qp_per_ep: config.num_qp_per_ep as usize,
         max_wr: config.max_wr as usize,
         retry_cnt: config.retry_cnt as usize,
-        ib_port: u8::try_from(config.ib_port)
-            .map_err(|_| format!("MC_IB_PORT={} is out of range (1-255)", config.ib_port))?,
+        ib_port: u8::try_from(config.ib_port).map_err(|_| {
+            unusable(causes::UnusableCause::IbPort {
+                value: config.ib_port,
+            })
+        })?,
         gid_index: config.gid_index,
         mtu: config.mtu,
         force_hca: config.force_hca,
         ..rdma::RdmaParams::default()
     };
-    let t = rdma::RdmaTransport::start(session_id, &hcas, plan.matrix.clone(), params, config)
-        .map_err(|e| e.to_string())?;
+    let t = rdma::RdmaTransport::start(session_id, &hcas, plan.matrix.clone(), params, config)?;
     Ok(Arc::new(t))
 }
 
@@ -272,19 +288,28 @@ pub fn memlock() -> select::Memlock {
 /// How often the engine's housekeeping calls [`Transport::rest_idle`].
 pub const REST_TICK: std::time::Duration = std::time::Duration::from_millis(25);
 
+/// A `nic_hint` that names none of the NICs a transport of the batch chooses among.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("nic_hint {name:?} is not one of this engine's {protocol} devices ({}); name one of them, or pass \"\" to let the topology choose", .nics.join(", "))]
+pub struct UnknownNic {
+    /// The name the caller passed.
+    pub name: String,
+    /// The transport that has no NIC of that name.
+    pub protocol: &'static str,
+    /// The NICs it does choose among.
+    pub nics: Vec<String>,
+}
+
 /// Why `nic_hint` `name` cannot carry a batch over `transports`, if it cannot: each
 /// transport that chooses among several local NICs must have one of that name; those
 /// without the choice accept any name, having nothing to pick.
-pub(crate) fn unknown_nic(name: &str, transports: &[Arc<dyn Transport>]) -> Option<String> {
+pub(crate) fn unknown_nic(name: &str, transports: &[Arc<dyn Transport>]) -> Option<UnknownNic> {
     transports.iter().find_map(|t| {
         let nics = t.local_nics();
-        (!nics.is_empty() && !nics.iter().any(|n| n == name)).then(|| {
-            format!(
-                "nic_hint {name:?} is not one of this engine's {} devices ({}); name one of \
-                 them, or pass \"\" to let the topology choose",
-                t.protocol(),
-                nics.join(", ")
-            )
+        (!nics.is_empty() && !nics.iter().any(|n| n == name)).then(|| UnknownNic {
+            name: name.to_string(),
+            protocol: t.protocol(),
+            nics,
         })
     })
 }
@@ -333,7 +358,7 @@ pub trait Transport: Send + Sync {
 
     /// Why the peer recently could not be reached, if it could not: the engine then
     /// fetches its descriptor again (it may have restarted elsewhere).
-    fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<String>;
+    fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<Unreachable>;
 
     /// The largest piece a request is cut into.
     fn slice_size(&self) -> u64;

@@ -20,19 +20,23 @@
 //! probing and no automatic IPC, and wins over `MC_FORCE_HCA` (it is the switch for
 //! bisecting RDMA problems; upstream installs only TCP then).
 
-use thiserror::Error;
+mod refusal;
 
-use crate::device::Vendor;
+use crate::device::{RuntimeUnavailable, Vendor};
 use crate::topology::{Discovered, HcaChoice, Topology};
+use refusal::listed_text;
+pub use refusal::{GpuBlocker, RdmaBlocker, RdmaMissing, RdmaProblem, Refusal};
 
 /// RLIMIT_MEMLOCK below this (without CAP_IPC_LOCK) is too low to register a KV cache.
 pub const LOW_MEMLOCK: u64 = 1 << 30;
 
 /// The GPU runtime as selection sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum GpuPresence {
     /// No runtime is loaded: why.
-    Absent(String),
+    Absent(RuntimeUnavailable),
+    /// Not looked at (`MC_FORCE_TCP`).
+    NotProbed,
     /// A runtime is loaded with this many devices.
     Runtime {
         /// Its vendor.
@@ -150,66 +154,7 @@ const UNSERVED: &[(&str, &str)] = &[
     ("nvmeof", "NVMe over Fabrics"),
 ];
 
-const SERVED: &str = "this engine serves \"tcp\", \"rdma\", \"\" (automatic: RDMA when an HCA is usable, else TCP), and \"nvlink_intra\" / \"musa\" where a GPU runtime with devices is present";
-
-/// Why `initialize` refuses to start the transports it was asked for: what was refused,
-/// why, and ([`hint`](Self::hint)) what helps. Callers tell refusals apart by variant,
-/// never by wording.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum Refusal {
-    /// A protocol upstream knows that this engine does not serve.
-    #[error("protocol {protocol:?} ({what}) is not served by this engine; {SERVED}")]
-    ProtocolNotServed {
-        /// The protocol asked for.
-        protocol: String,
-        /// What it is.
-        what: &'static str,
-    },
-    /// A protocol nobody knows (a typo?).
-    #[error("unknown protocol {protocol:?}; {SERVED}")]
-    UnknownProtocol {
-        /// The protocol asked for.
-        protocol: String,
-    },
-    /// `MC_FORCE_HCA` requires RDMA, and RDMA cannot be used or started.
-    #[error("MC_FORCE_HCA is set but RDMA cannot be used: {reason}")]
-    RdmaRequired {
-        /// What is missing.
-        reason: String,
-    },
-    /// A same-host GPU IPC protocol, without a GPU runtime that can serve it.
-    #[error("protocol {protocol:?} moves GPU memory between processes of this host, but {reason}")]
-    GpuUnavailable {
-        /// The protocol asked for.
-        protocol: String,
-        /// What is missing.
-        reason: String,
-    },
-    /// The HCA topology cannot be read (an unreadable `MC_CUSTOM_TOPO_JSON`).
-    #[error("{reason}")]
-    Topology {
-        /// What is wrong, naming the file.
-        reason: String,
-    },
-}
-
-impl Refusal {
-    /// The `MC_*` variable or `mooncake-doctor` check that helps.
-    pub fn hint(&self) -> &'static str {
-        match self {
-            Self::ProtocolNotServed { .. } | Self::UnknownProtocol { .. } => {
-                "initialize's protocol must be \"tcp\", \"rdma\", \"\" (automatic), \"nvlink_intra\" or \"musa\""
-            }
-            Self::RdmaRequired { .. } => {
-                "mooncake-doctor (rdma.* and decision checks) says what is missing; unset MC_FORCE_HCA to allow the TCP fallback, MC_TE_FILTERS names the HCAs"
-            }
-            Self::GpuUnavailable { .. } => {
-                "mooncake-doctor (gpu.runtime) lists the runtime libraries tried; MC_GPU_RUNTIME picks the runtime, MC_MUSART_PATH / MC_CUDART_PATH its file"
-            }
-            Self::Topology { .. } => "fix or unset MC_CUSTOM_TOPO_JSON",
-        }
-    }
-}
+pub(super) const SERVED: &str = "this engine serves \"tcp\", \"rdma\", \"\" (automatic: RDMA when an HCA is usable, else TCP), and \"nvlink_intra\" / \"musa\" where a GPU runtime with devices is present";
 
 /// Whether the decision for `protocol` needs the verbs library and the HCA topology.
 /// When false the caller must not load verbs nor read sysfs for HCAs.
@@ -271,18 +216,16 @@ pub fn decide(inp: &Inputs<'_>) -> Result<Plan, Refusal> {
 }
 
 fn decide_ipc(p: &str, gpu: &GpuPresence, mut plan: Plan) -> Result<Plan, Refusal> {
-    let refuse = |reason: String| {
+    let refuse = |cause: GpuBlocker| {
         Err(Refusal::GpuUnavailable {
             protocol: p.to_string(),
-            reason,
+            cause,
         })
     };
     match gpu {
         GpuPresence::Runtime { vendor, devices } if *devices > 0 => {
             if p == "musa" && *vendor != Vendor::Musa {
-                return refuse(format!(
-                    "it needs the MUSA runtime, and the loaded GPU runtime is {vendor} (MC_GPU_RUNTIME selects it)"
-                ));
+                return refuse(GpuBlocker::NotMusa { loaded: *vendor });
             }
             plan.ipc = true;
             plan.notes.push(format!(
@@ -290,10 +233,9 @@ fn decide_ipc(p: &str, gpu: &GpuPresence, mut plan: Plan) -> Result<Plan, Refusa
             ));
             Ok(plan)
         }
-        GpuPresence::Runtime { vendor, .. } => {
-            refuse(format!("the {vendor} runtime reports no device"))
-        }
-        GpuPresence::Absent(why) => refuse(format!("no GPU runtime is loaded: {why}")),
+        GpuPresence::Runtime { vendor, .. } => refuse(GpuBlocker::NoDevice { vendor: *vendor }),
+        GpuPresence::Absent(why) => refuse(GpuBlocker::NoRuntime(why.clone())),
+        GpuPresence::NotProbed => refuse(GpuBlocker::NotProbed),
     }
 }
 
@@ -304,14 +246,11 @@ fn decide_rdma(inp: &Inputs<'_>, mut plan: Plan) -> Result<Plan, Refusal> {
     match usable {
         Ok(rdma) => {
             if let Some(limit) = memlock_low {
-                let msg = format!(
-                    "RLIMIT_MEMLOCK is {} KiB and CAP_IPC_LOCK is not held: registering memory with the HCAs pins it and will fail past that; run with `ulimit -l unlimited` (docker: --ulimit memlock=-1:-1 or --cap-add IPC_LOCK)",
-                    limit >> 10
-                );
+                let low = RdmaBlocker::Memlock { limit };
                 if inp.force_hca {
-                    return Err(Refusal::RdmaRequired { reason: msg });
+                    return Err(Refusal::RdmaRequired { cause: low });
                 }
-                plan.warnings.push(msg);
+                plan.warnings.push(low.to_string());
             }
             if inp.gpu.with_devices().is_some() && inp.peer_memory_module.is_none() {
                 plan.notes.push(
@@ -332,21 +271,18 @@ fn decide_rdma(inp: &Inputs<'_>, mut plan: Plan) -> Result<Plan, Refusal> {
             plan.rdma = Some(rdma);
             Ok(plan)
         }
+        Err(missing) if inp.force_hca => Err(Refusal::RdmaRequired {
+            cause: missing.into(),
+        }),
         Err(missing) => {
-            if inp.force_hca {
-                return Err(Refusal::RdmaRequired {
-                    reason: missing.reason,
-                });
-            }
             if auto && !missing.hca_present {
                 plan.notes.push(format!(
-                    "protocol \"\": no HCA found, TCP chosen ({})",
-                    missing.reason
+                    "protocol \"\": no HCA found, TCP chosen ({missing})"
                 ));
             } else {
                 plan.warnings.push(format!(
-                    "falling back to TCP: protocol {:?} asked for RDMA, but {} (set MC_FORCE_HCA=1 to make this an error)",
-                    inp.protocol, missing.reason
+                    "falling back to TCP: protocol {:?} asked for RDMA, but {missing} (set MC_FORCE_HCA=1 to make this an error)",
+                    inp.protocol
                 ));
             }
             Ok(plan)
@@ -354,63 +290,49 @@ fn decide_rdma(inp: &Inputs<'_>, mut plan: Plan) -> Result<Plan, Refusal> {
     }
 }
 
-/// Why RDMA cannot be used.
-struct Missing {
-    reason: String,
-    /// Whether the host has any HCA at all (then failing to use it is worth a warning).
-    hca_present: bool,
-}
-
-fn rdma_usable(inp: &Inputs<'_>, warnings: &mut Vec<String>) -> Result<RdmaPlan, Missing> {
+fn rdma_usable(inp: &Inputs<'_>, warnings: &mut Vec<String>) -> Result<RdmaPlan, RdmaMissing> {
     let (Some(topo), Some(verbs)) = (inp.topology, inp.verbs) else {
-        return Err(Missing {
-            reason: "RDMA was not probed".into(),
+        return Err(RdmaMissing {
+            problems: vec![RdmaProblem::NotProbed],
             hca_present: false,
         });
     };
     let hca_present = !topo.present.is_empty();
-    let fail = |reason: String| Missing {
-        reason,
+    let fail = |problems: Vec<RdmaProblem>| RdmaMissing {
+        problems,
         hca_present,
     };
     warnings.extend(topo.warnings.iter().cloned());
-    let mut reasons = Vec::new();
+    let mut problems = Vec::new();
     if let Err(why) = verbs {
-        reasons.push(format!("the verbs library is unavailable ({why})"));
+        problems.push(RdmaProblem::VerbsUnavailable { why: why.clone() });
     }
-    let root = topo.root.display();
     if !hca_present {
-        reasons.push(format!(
-            "no RDMA device (HCA) under {root}/class/infiniband"
-        ));
+        problems.push(RdmaProblem::NoHca {
+            root: topo.root.clone(),
+        });
     } else if let Some(why) = &topo.none_matched {
-        reasons.push(why.clone());
+        problems.push(RdmaProblem::NoneMatched { why: why.clone() });
     } else if topo.usable.is_empty() {
-        reasons.push(format!(
-            "no HCA has a usable port: {}",
-            topo.unusable.join("; ")
-        ));
+        problems.push(RdmaProblem::NoUsablePort {
+            unusable: topo.unusable.clone(),
+        });
     }
-    if !reasons.is_empty() {
-        return Err(fail(reasons.join("; ")));
-    }
-    let listed = verbs.as_ref().map_err(|e| fail(e.clone()))?;
+    let listed = match verbs {
+        Ok(listed) if problems.is_empty() => listed,
+        _ => return Err(fail(problems)),
+    };
     let (hcas, unlisted): (Vec<HcaChoice>, Vec<HcaChoice>) = topo
         .usable
         .iter()
         .cloned()
         .partition(|h| listed.contains(&h.name));
-    let listed_text = if listed.is_empty() {
-        "none".to_string()
-    } else {
-        listed.join(", ")
-    };
+    let listed_text = listed_text(listed);
     if hcas.is_empty() {
-        let names: Vec<&str> = unlisted.iter().map(|h| h.name.as_str()).collect();
-        return Err(fail(format!(
-            "the verbs library lists none of the usable HCAs ({}); it lists: {listed_text} (are /dev/infiniband devices visible in this container?)",
-            names.join(", ")
-        )));
+        return Err(fail(vec![RdmaProblem::NotListed {
+            usable: unlisted.into_iter().map(|h| h.name).collect(),
+            listed: listed.clone(),
+        }]));
     }
     for h in &unlisted {
         warnings.push(format!(

@@ -12,7 +12,9 @@ use transfer_engine::memory::{MemoryRegistry, Region};
 use transfer_engine::task::BatchState;
 use transfer_engine::transport::rdma::backend::Nic;
 use transfer_engine::transport::rdma::verbs_backend::{HcaSpec, VerbsNic};
-use transfer_engine::transport::rdma::{Connector, RdmaParams, RdmaTransport, Topology};
+use transfer_engine::transport::rdma::{
+    Connector, ExchangeError, RdmaParams, RdmaTransport, Topology,
+};
 use transfer_engine::transport::{Slice, Transport};
 use transfer_engine::wire::descriptor::{BufferDesc, SegmentDesc};
 use transfer_engine::wire::session::{HostPort, SegmentId};
@@ -24,7 +26,7 @@ struct InProcess {
 }
 
 impl Connector for InProcess {
-    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, String> {
+    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, ExchangeError> {
         let t = self
             .peers
             .lock()

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::device::ipc::IpcRuntime;
-use crate::device::peer_copies::{Direction, LocalMemory, LocalRange, PendingCopies};
+use crate::device::peer_copies::{CopyError, Direction, LocalMemory, LocalRange, PendingCopies};
 use crate::device::peer_mapping::PeerRange;
 use crate::error::TransferError;
 use crate::memory::Abort;
@@ -181,7 +181,7 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>, batch: &Batching) {
             };
             if let Err(refused) = copies.enqueue(taken, c.remote, direction) {
                 let Taken { held, peer, .. } = refused.local;
-                held.finish(Err(device_error(&peer, refused.why.to_string())));
+                held.finish(Err(device_error(&peer, refused.why)));
             }
         }
         let synced = copies.synchronize(batch.on.load(Ordering::Relaxed));
@@ -189,14 +189,67 @@ fn run(ipc: &IpcRuntime, queue: &Receiver<Vec<Copy>>, batch: &Batching) {
             batch.failed(&e.to_string());
         }
         for (Taken { held, peer, .. }, result) in synced.done {
-            held.finish(result.map_err(|e| device_error(&peer, e.to_string())));
+            held.finish(result.map_err(|e| device_error(&peer, e)));
         }
     }
 }
 
-fn device_error(peer: &str, reason: String) -> TransferError {
-    TransferError::PeerGone {
-        peer: peer.to_string(),
-        reason: format!("device copy over IPC failed: {reason}"),
+/// A failed copy's error: the runtime's own where it refused the copy, so that a reader
+/// finds the `DeviceError` as the source.
+fn device_error(peer: &str, e: CopyError) -> TransferError {
+    match e {
+        CopyError::Device(d) => TransferError::device_copy(peer, d),
+        other => TransferError::device_copy(peer, other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceError;
+    use crate::error::LinkLoss;
+
+    /// The copy's error as the request's cause, or `None` if it is not a device copy's.
+    fn copy_cause(e: &TransferError) -> Option<&crate::error::SharedSource> {
+        match e {
+            TransferError::PeerLost {
+                cause: LinkLoss::DeviceCopy(source),
+                ..
+            } => Some(source),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_refused_copy_keeps_the_runtime_s_error_as_source() {
+        let device = DeviceError {
+            call: "cuMemcpyPeerAsync".into(),
+            code: 1,
+            message: "invalid argument".into(),
+        };
+        let e = device_error("decode-1", CopyError::Device(device.clone()));
+        let found = copy_cause(&e).and_then(|s| s.downcast_ref::<DeviceError>());
+        assert_eq!(found, Some(&device), "{e:?}");
+        let e = device_error(
+            "decode-1",
+            CopyError::Lengths {
+                local: 8,
+                remote: 4,
+            },
+        );
+        let found = copy_cause(&e).and_then(|s| s.downcast_ref::<CopyError>());
+        assert_eq!(
+            found,
+            Some(&CopyError::Lengths {
+                local: 8,
+                remote: 4
+            }),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "connection to peer decode-1 lost: device copy over IPC failed: the local range \
+             has 8 bytes and the peer's 4: a copy needs one length"
+        );
     }
 }

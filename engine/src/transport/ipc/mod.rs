@@ -44,7 +44,7 @@ use crate::config::Config;
 use crate::device::ipc::IpcRuntime;
 use crate::device::peer_mapping::PeerMapping;
 use crate::device::Vendor;
-use crate::error::TransferError;
+use crate::error::{TransferError, Unreachable};
 use crate::memory::{MemoryRegistry, Region};
 use crate::wire::descriptor::{BufferDesc, SegmentDesc};
 use crate::wire::session::SegmentId;
@@ -510,10 +510,10 @@ impl Transport for IpcTransport {
         }
     }
 
-    fn unreachable(&self, _segment: &SegmentId, peer: &SegmentDesc) -> Option<String> {
+    fn unreachable(&self, _segment: &SegmentId, peer: &SegmentDesc) -> Option<Unreachable> {
         self.host
             .peer_gone(peer)
-            .then(|| "its process has exited".to_string())
+            .then_some(Unreachable::ProcessExited)
     }
 
     fn slice_size(&self) -> u64 {
@@ -553,13 +553,11 @@ impl Transport for IpcTransport {
         let mut last: Option<(&BufferDesc, u32, u64, Arc<PeerMapping>)> = None;
         for s in slices {
             let Some(device) = s.local_device else {
-                let reason = format!(
-                    "{} moves device memory only; this request's local memory is host memory (use protocol tcp for host memory)",
-                    self.protocol
-                );
                 s.finish(Err(TransferError::PeerUnreachable {
                     peer: segment.to_string(),
-                    reason,
+                    cause: Unreachable::HostMemory {
+                        protocol: self.protocol,
+                    },
                 }));
                 continue;
             };
@@ -587,7 +585,10 @@ impl Transport for IpcTransport {
                         Err(reason) => {
                             s.finish(Err(TransferError::PeerUnreachable {
                                 peer: segment.to_string(),
-                                reason: format!("{}: {reason}", self.protocol),
+                                cause: Unreachable::Import {
+                                    protocol: self.protocol,
+                                    reason,
+                                },
                             }));
                             continue;
                         }

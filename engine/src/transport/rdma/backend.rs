@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use crate::device::dmabuf::DmaBuf;
+pub use crate::error::FailedCompletion;
 use crate::memory::Lease;
 pub use crate::wire::rdma::Gid;
 
@@ -79,7 +80,7 @@ pub struct WorkRequest {
 }
 
 /// How a work request ended (the `ibv_wc_status` values the transport tells apart).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WcStatus {
     /// Done.
     Success,
@@ -89,8 +90,8 @@ pub enum WcStatus {
     RetryExceeded,
     /// The queue pair was in error: the request never ran (`IBV_WC_WR_FLUSH_ERR`).
     Flushed,
-    /// Any other status, with its name and number.
-    Other(String),
+    /// Any other failure status, as the HCA reported it.
+    Other(FailedCompletion),
 }
 
 /// One completion.

@@ -16,10 +16,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::backend::{
-    BackendError, Completion, Gid, MrKeys, Nic, PortInfo, QueuePair, RdmaOp, RemoteQp, WcStatus,
-    WorkRequest,
+    BackendError, Completion, FailedCompletion, Gid, MrKeys, Nic, PortInfo, QueuePair, RdmaOp,
+    RemoteQp, WcStatus, WorkRequest,
 };
 use crate::memory::Lease;
+use crate::verbs::ffi;
 
 /// A fabric of fake HCAs in this process.
 #[derive(Debug, Clone, Default)]
@@ -281,12 +282,22 @@ fn run_queued(f: &mut Fabric, nic: usize) {
     }
 }
 
+/// A failure completion with status `raw` and no vendor error.
+fn failure(raw: u32) -> WcStatus {
+    WcStatus::Other(FailedCompletion {
+        status: crate::verbs::WcStatus::from_raw(raw),
+        raw,
+        vendor_err: 0,
+    })
+}
+
 fn execute(f: &mut Fabric, nic: usize, qp: u32, wr: &WorkRequest) -> WcStatus {
     let Some(q) = f.qps.get(&qp) else {
         return WcStatus::Flushed;
     };
     let Some((rnic, rqp)) = q.remote else {
-        return WcStatus::Other("IBV_WC_GENERAL_ERR (not connected)".into());
+        // Not connected: what an HCA reports for a queue pair never brought up.
+        return failure(ffi::IBV_WC_GENERAL_ERR);
     };
     let failed = |i: usize| f.nics.get(i).is_none_or(|n| n.failed);
     if failed(nic) || failed(rnic) {
@@ -308,7 +319,7 @@ fn execute(f: &mut Fabric, nic: usize, qp: u32, wr: &WorkRequest) -> WcStatus {
         })
     };
     if !inside(f.mrs.get(&(nic, wr.lkey)), wr.local) {
-        return WcStatus::Other("IBV_WC_LOC_PROT_ERR".into());
+        return failure(ffi::IBV_WC_LOC_PROT_ERR);
     }
     if !inside(f.mrs.get(&(rnic, wr.rkey)), wr.remote) {
         return WcStatus::RemoteAccess;

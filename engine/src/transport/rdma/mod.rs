@@ -43,7 +43,7 @@ mod endpoint_cut;
 pub mod fake;
 mod path;
 mod peer;
-mod register;
+pub(crate) mod register;
 mod setup;
 pub mod verbs_backend;
 mod worker;
@@ -59,14 +59,15 @@ use parking_lot::{Mutex, RwLock};
 
 use super::{Slice, Transport, TransportError};
 use crate::config::Config;
-use crate::error::TransferError;
+use crate::error::{LinkLoss, TransferError, Unreachable, Violation};
 use crate::memory::Region;
 use crate::metrics::ConnectionCounters;
+use crate::transport::causes::{RegisterCause, UnusableCause};
 use crate::wire::descriptor::{BufferDesc, DeviceDesc, SegmentDesc};
 use crate::wire::rdma::{format_gid, split_nic_path, ConnectMsg};
 use crate::wire::session::SegmentId;
 use backend::{MrKeys, Nic, QueuePair, RemoteQp};
-pub use connector::{Connector, HandshakeConnector};
+pub use connector::{Connector, ExchangeError, HandshakeConnector};
 use path::Choice;
 use peer::{staged_at_peer, Peer};
 use worker::{Msg, Work};
@@ -164,7 +165,7 @@ pub(crate) struct Shared {
     workers: Vec<Sender<Msg>>,
     rr: AtomicUsize,
     /// Last handshake failure per segment, so the engine can look the peer up again.
-    dead: Mutex<HashMap<String, (Instant, String)>>,
+    dead: Mutex<HashMap<String, (Instant, Unreachable)>>,
     /// Endpoints set up and rebuilt, slices retried over another HCA pair.
     pub(crate) counters: ConnectionCounters,
 }
@@ -185,12 +186,12 @@ impl Shared {
                 .route
                 .last_error
                 .take()
-                .unwrap_or(TransferError::PeerGone {
+                .unwrap_or(TransferError::PeerLost {
                     peer: work.route.peer.segment.clone(),
-                    reason: "no path left".into(),
+                    cause: LinkLoss::NoPathLeft,
                 });
             let attempts = work.route.attempt;
-            return work.fail(exhausted(err, attempts));
+            return work.fail(err.after_attempts(attempts));
         }
         let location = work
             .slice
@@ -211,14 +212,17 @@ impl Shared {
             .get(work.route.buffer)
             .map(|b| &b.choice)
         else {
+            let index = work.route.buffer;
             return work.fail(TransferError::Protocol {
                 peer,
-                reason: "buffer index out of range".into(),
+                violation: Violation::BufferIndex { index },
             });
         };
         let Some((l, r)) = path::route(&local, remote, work.route.rr, work.route.attempt) else {
-            let reason = "the peer's descriptor lists no RDMA device".to_string();
-            return work.fail(TransferError::PeerUnreachable { peer, reason });
+            return work.fail(TransferError::PeerUnreachable {
+                peer,
+                cause: Unreachable::NoRdmaDevice,
+            });
         };
         work.route.remote_dev = r;
         match self.workers.get(l) {
@@ -239,12 +243,12 @@ impl Shared {
         r.keys.get(nic).map(|k| k.lkey)
     }
 
-    fn mark_dead(&self, segment: &str, why: &str) {
+    fn mark_dead(&self, segment: &str, why: &Unreachable) {
         let mut dead = self.dead.lock();
         if dead.len() > 4096 {
             dead.retain(|_, (at, _)| at.elapsed() < DEAD_PEER_HOLD);
         }
-        dead.insert(segment.to_string(), (Instant::now(), why.to_string()));
+        dead.insert(segment.to_string(), (Instant::now(), why.clone()));
     }
 
     /// The passive side of the endpoint handshake: checks the request, creates and
@@ -345,21 +349,6 @@ fn connect_qps(
     Ok(qps)
 }
 
-/// The error a slice fails with once every attempt is spent.
-fn exhausted(err: TransferError, attempts: usize) -> TransferError {
-    match err {
-        TransferError::PeerGone { peer, reason } => TransferError::PeerGone {
-            peer,
-            reason: format!("{reason} (after {attempts} attempts over every path; MC_RETRY_CNT)"),
-        },
-        TransferError::PeerUnreachable { peer, reason } => TransferError::PeerUnreachable {
-            peer,
-            reason: format!("{reason} (after {attempts} attempts over every path; MC_RETRY_CNT)"),
-        },
-        other => other,
-    }
-}
-
 /// The RDMA transport.
 pub struct RdmaTransport {
     shared: Arc<Shared>,
@@ -394,15 +383,16 @@ impl RdmaTransport {
         params: RdmaParams,
         config: &Config,
     ) -> Result<Self, TransportError> {
-        let unusable = |reason: String| TransportError::Unusable {
+        let unusable = |cause: UnusableCause| TransportError::Unusable {
             segment: local_name.to_string(),
             protocol: PROTOCOL,
-            reason,
+            cause,
         };
-        let verbs = crate::verbs::shared().map_err(|e| unusable(e.to_string()))?;
+        let verbs = crate::verbs::shared().map_err(|e| unusable(e.into()))?;
         let mut nics: Vec<Arc<dyn Nic>> = Vec::with_capacity(hcas.len());
         for hca in hcas {
-            let nic = verbs_backend::VerbsNic::open(&verbs, hca, &params).map_err(unusable)?;
+            let nic = verbs_backend::VerbsNic::open(&verbs, hca, &params)
+                .map_err(|e| unusable(UnusableCause::OpenHca(e)))?;
             nics.push(Arc::new(nic));
         }
         let connector = Arc::new(HandshakeConnector::new(config));
@@ -424,7 +414,7 @@ impl RdmaTransport {
             return Err(TransportError::Unusable {
                 segment: local_name.to_string(),
                 protocol: PROTOCOL,
-                reason: "no HCA to use".into(),
+                cause: UnusableCause::NoHca,
             });
         }
         let names: Vec<&str> = nics.iter().map(|n| n.name()).collect();
@@ -495,13 +485,14 @@ impl RdmaTransport {
                 return Ok(peer.clone());
             }
         }
-        let peer = Arc::new(Peer::from_desc(segment, desc).map_err(|reason| {
-            TransportError::Unusable {
-                segment: segment.to_string(),
-                protocol: PROTOCOL,
-                reason,
-            }
-        })?);
+        let peer =
+            Arc::new(
+                Peer::from_desc(segment, desc).map_err(|cause| TransportError::Unusable {
+                    segment: segment.to_string(),
+                    protocol: PROTOCOL,
+                    cause,
+                })?,
+            );
         if peers.len() >= MAX_PEERS {
             peers.clear();
         }
@@ -529,15 +520,9 @@ impl RdmaTransport {
         };
         // Staged memory reaches us only when the peer has no TCP to go to instead.
         if self.is_staged(region) {
-            let reason = format!(
-                "the local buffer at {:#x} is device memory no HCA could register \
-                 (staged), and the peer offers no TCP data port to stage it over; load \
-                 the peer-memory module (nvidia-peermem / mthreads-peermem)",
-                region.addr
-            );
             return Err(TransferError::PeerUnreachable {
                 peer: segment.to_string(),
-                reason,
+                cause: Unreachable::LocalStaged { addr: region.addr },
             });
         }
         let Some(buffer) = peer.buffer(s.remote, s.len) else {
@@ -552,19 +537,12 @@ impl RdmaTransport {
             .get(buffer)
             .is_some_and(|b| b.rkeys.iter().all(|&k| k == 0))
         {
-            let reason = format!(
-                "its buffer at {:#x} is staged (no HCA of the peer could register that \
-                 device memory: load its peer-memory module), and {}",
-                s.remote,
-                if self.shared.params.force_hca {
-                    "MC_FORCE_HCA=1 forbids moving it over TCP"
-                } else {
-                    "it offers no TCP data port"
-                }
-            );
             return Err(TransferError::PeerUnreachable {
                 peer: segment.to_string(),
-                reason,
+                cause: Unreachable::PeerStaged {
+                    addr: s.remote,
+                    force_hca: self.shared.params.force_hca,
+                },
             });
         }
         Ok(buffer)
@@ -655,7 +633,7 @@ impl Transport for RdmaTransport {
             || (staged_at_peer(remote) && !self.shared.params.force_hca)
     }
 
-    fn unreachable(&self, segment: &SegmentId, _peer: &SegmentDesc) -> Option<String> {
+    fn unreachable(&self, segment: &SegmentId, _peer: &SegmentDesc) -> Option<Unreachable> {
         let dead = self.shared.dead.lock();
         dead.get(segment.name())
             .filter(|(at, _)| at.elapsed() < DEAD_PEER_HOLD)
@@ -722,9 +700,7 @@ impl Transport for RdmaTransport {
                 addr: region.addr,
                 len: region.len,
                 protocol: PROTOCOL,
-                reason: "the region registered before at this address is still being \
-                         unregistered; try again once that returns"
-                    .into(),
+                cause: RegisterCause::StillUnregistering,
             });
         }
         regions.insert(

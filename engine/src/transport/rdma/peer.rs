@@ -2,6 +2,7 @@
 //! checked once from its descriptor, with the candidate local devices for each buffer.
 
 use super::path::Choice;
+use crate::transport::causes::UnusableCause;
 use crate::wire::descriptor::{BufferDesc, SegmentDesc};
 use crate::wire::rdma::parse_gid;
 use crate::wire::session::{HostPort, SegmentId};
@@ -37,16 +38,21 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(super) fn from_desc(segment: &SegmentId, desc: &SegmentDesc) -> Result<Self, String> {
+    pub(super) fn from_desc(
+        segment: &SegmentId,
+        desc: &SegmentDesc,
+    ) -> Result<Self, UnusableCause> {
         if !desc.speaks_rdma() {
-            return Err(format!(
-                "its descriptor offers {:?} and no RDMA devices",
-                desc.protocol
-            ));
+            return Err(UnusableCause::NoRdma {
+                offers: desc.protocol.clone(),
+            });
         }
         let mut devices = Vec::with_capacity(desc.devices.len());
         for d in &desc.devices {
-            parse_gid(&d.gid).map_err(|e| format!("device {:?}: {e}", d.name))?;
+            parse_gid(&d.gid).map_err(|source| UnusableCause::BadGid {
+                device: d.name.clone(),
+                source,
+            })?;
             devices.push(PeerDevice {
                 name: d.name.clone(),
             });

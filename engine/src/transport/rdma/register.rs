@@ -32,6 +32,7 @@ use super::backend::{BackendError, MrKeys, Nic};
 use super::{Shared, PROTOCOL};
 use crate::device::Vendor;
 use crate::memory::{Lease, Region};
+use crate::transport::causes::{DeviceUnreachable, DmabufFailure, NicRefusal, RegisterCause};
 use crate::transport::TransportError;
 
 /// How a region reached the HCAs.
@@ -60,22 +61,20 @@ pub(crate) fn register(
     shared: &Shared,
     region: &Arc<Region>,
 ) -> Result<(Vec<MrKeys>, Registration), TransportError> {
-    let error = |reason: String| TransportError::Register {
+    let error = |cause: RegisterCause| TransportError::Register {
         addr: region.addr,
         len: region.len,
         protocol: PROTOCOL,
-        reason,
+        cause,
     };
     let nics = &shared.nics;
     // Each memory region holds a lease of the region until `on_unregister` (or the
     // transport's drop) deregisters it; unregistering waits for the leases.
     let plain = on_every_nic(nics, region, |nic, lease| nic.register(lease));
     let Some((vendor, _)) = region.device else {
-        return plain.map(|k| (k, Registration::Host)).map_err(|e| {
-            error(format!(
-                "ibv_reg_mr failed on {e} (check the memlock limit, ulimit -l)"
-            ))
-        });
+        return plain
+            .map(|k| (k, Registration::Host))
+            .map_err(|e| error(RegisterCause::Host(e)));
     };
     let peermem = match plain {
         Ok(keys) => return Ok((keys, Registration::PeerMemory)),
@@ -94,16 +93,13 @@ pub(crate) fn register(
         Err(e) => e,
     };
     let module = peer_memory_module(vendor);
-    let reason = format!(
-        "no HCA can reach this {} memory: ibv_reg_mr on the device address failed on \
-         {peermem} (the peer-memory kernel module {module} is probably not loaded: \
-         modprobe {module}), and dma-buf registration failed: {dmabuf}",
-        vendor.prefix()
-    );
+    let reason = DeviceUnreachable {
+        vendor,
+        peermem,
+        dmabuf,
+    };
     if shared.params.force_hca {
-        return Err(error(format!(
-            "{reason}; MC_FORCE_HCA=1 asks for RDMA, so the region is not staged over TCP"
-        )));
+        return Err(error(RegisterCause::DeviceForced(Box::new(reason))));
     }
     let warning = format!(
         "{} device memory is STAGED, not registered with the HCAs: {reason}. Every request \
@@ -125,7 +121,7 @@ fn on_every_nic(
     nics: &[Arc<dyn Nic>],
     region: &Arc<Region>,
     reg: impl Fn(&dyn Nic, Lease) -> Result<MrKeys, BackendError>,
-) -> Result<Vec<MrKeys>, String> {
+) -> Result<Vec<MrKeys>, NicRefusal> {
     let mut keys = Vec::with_capacity(nics.len());
     for nic in nics {
         let registered = match region.lease() {
@@ -138,7 +134,10 @@ fn on_every_nic(
                 for (n, k) in nics.iter().zip(&keys) {
                     n.deregister(*k);
                 }
-                return Err(format!("{}: {e}", nic.name()));
+                return Err(NicRefusal {
+                    nic: nic.name().to_string(),
+                    source: e,
+                });
             }
         }
     }
@@ -146,9 +145,12 @@ fn on_every_nic(
 }
 
 /// dma-buf registration of `region` on every HCA; the error says what refused.
-fn dmabuf(nics: &[Arc<dyn Nic>], region: &Arc<Region>) -> Result<Vec<MrKeys>, String> {
-    let rt = crate::device::runtime().map_err(|e| e.to_string())?;
-    let buf = crate::device::dmabuf::export(&rt, region.addr, region.len)?;
+fn dmabuf(nics: &[Arc<dyn Nic>], region: &Arc<Region>) -> Result<Vec<MrKeys>, DmabufFailure> {
+    let rt = crate::device::runtime()?;
+    let buf = crate::device::dmabuf::export(&rt, region.addr, region.len)
+        .map_err(DmabufFailure::Export)?;
     // The fd is closed when `buf` drops: each memory region holds the buffer itself.
-    on_every_nic(nics, region, |nic, lease| nic.register_dmabuf(lease, &buf))
+    Ok(on_every_nic(nics, region, |nic, lease| {
+        nic.register_dmabuf(lease, &buf)
+    })?)
 }

@@ -11,7 +11,7 @@ use super::backend::RemoteQp;
 use super::endpoint_cut::EndpointCut;
 use super::worker::Msg;
 use super::{Peer, Shared};
-use crate::error::TransferError;
+use crate::error::{SharedSource, TransferError, Unreachable, Violation};
 use crate::wire::rdma::{format_gid, ConnectMsg};
 
 /// An endpoint to set up.
@@ -59,11 +59,11 @@ pub(crate) fn endpoint(
         .nics
         .get(idx)
         .ok_or(TransferError::Canceled("HCA index out of range"))?;
-    let unreachable = |reason: String| {
-        shared.mark_dead(&peer.segment, &reason);
+    let unreachable = |cause: Unreachable| {
+        shared.mark_dead(&peer.segment, &cause);
         TransferError::PeerUnreachable {
             peer: path.to_string(),
-            reason,
+            cause,
         }
     };
     let params = &shared.params;
@@ -72,7 +72,7 @@ pub(crate) fn endpoint(
     for _ in 0..params.num_qp_per_ep.max(1) {
         qps.push(
             nic.create_qp(depth)
-                .map_err(|e| unreachable(format!("cannot create a queue pair: {e}")))?,
+                .map_err(|e| unreachable(Unreachable::CreateQueuePair(SharedSource::new(e))))?,
         );
     }
     let port = nic.port();
@@ -89,34 +89,33 @@ pub(crate) fn endpoint(
     let reply = shared
         .connector
         .exchange(&peer.rpc, &request.encode())
-        .map_err(|e| unreachable(format!("endpoint handshake failed: {e}")))?;
-    let protocol = |reason: String| TransferError::Protocol {
+        .map_err(|e| unreachable(Unreachable::EndpointHandshake(e.into())))?;
+    let protocol = |violation: Violation| TransferError::Protocol {
         peer: path.to_string(),
-        reason,
+        violation,
     };
-    let reply = ConnectMsg::decode(&reply)
-        .map_err(|e| protocol(format!("bad endpoint handshake reply: {e}")))?;
+    let reply = ConnectMsg::decode(&reply).map_err(|e| protocol(Violation::EndpointReply(e)))?;
     if !reply.reply_msg.is_empty() {
-        return Err(unreachable(format!(
-            "the peer refused the endpoint: {}",
-            reply.reply_msg
-        )));
+        return Err(unreachable(Unreachable::EndpointRefused {
+            reply: reply.reply_msg,
+        }));
     }
     if reply.qp_num.len() != qps.len() {
-        return Err(protocol(format!(
-            "the peer answered with {} queue pairs for our {} (MC_NUM_QP_PER_EP must match)",
-            reply.qp_num.len(),
-            qps.len()
-        )));
+        return Err(protocol(Violation::QueuePairCount {
+            ours: qps.len(),
+            theirs: reply.qp_num.len(),
+        }));
     }
-    let gid = reply.gid().map_err(|e| protocol(e.to_string()))?;
+    let gid = reply
+        .gid()
+        .map_err(|e| protocol(Violation::EndpointGid(e)))?;
     for (qp, &num) in qps.iter().zip(&reply.qp_num) {
         qp.connect(&RemoteQp {
             qp_num: num,
             lid: reply.local_lid,
             gid,
         })
-        .map_err(|e| unreachable(format!("cannot connect a queue pair: {e}")))?;
+        .map_err(|e| unreachable(Unreachable::ConnectQueuePair(SharedSource::new(e))))?;
     }
     Ok(Arc::new(EndpointCut::new(qps)))
 }

@@ -38,7 +38,7 @@ struct Net {
 }
 
 impl Connector for Net {
-    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, String> {
+    fn exchange(&self, peer: &HostPort, json: &str) -> Result<String, ExchangeError> {
         self.handshakes.fetch_add(1, Ordering::SeqCst);
         let delay = *self.delay.lock();
         std::thread::sleep(delay);
@@ -530,7 +530,12 @@ fn descriptor_has_upstreams_rdma_form() {
     assert_eq!(peer.buffer(a.buf.addr() + 10, 10), Some(0));
     let mut bad = d.clone();
     bad.devices[0].gid = "nope".into();
-    assert!(Peer::from_desc(&a.id(), &bad).unwrap_err().contains("GID"));
+    let err = Peer::from_desc(&a.id(), &bad).unwrap_err();
+    assert!(
+        matches!(&err, crate::transport::causes::UnusableCause::BadGid { device, .. } if *device == d.devices[0].name),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("GID"), "{err}");
 }
 
 #[test]

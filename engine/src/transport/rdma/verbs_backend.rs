@@ -20,6 +20,7 @@ use super::backend::{
 };
 use super::RdmaParams;
 use crate::device::dmabuf::DmaBuf;
+use crate::error::FailedCompletion;
 use crate::memory::Lease;
 use crate::verbs::{
     access, Context, Cq, Mr, Mtu, Pd, Qp, QpCaps, RtrAttr, RtsAttr, SendWr, Verbs, WrOp,
@@ -267,10 +268,11 @@ impl Nic for VerbsNic {
                 S::RemAccessErr => WcStatus::RemoteAccess,
                 S::RetryExcErr => WcStatus::RetryExceeded,
                 S::WrFlushErr => WcStatus::Flushed,
-                other => WcStatus::Other(format!(
-                    "{other} (status {}, vendor error {:#x})",
-                    wc.status_raw, wc.vendor_err
-                )),
+                other => WcStatus::Other(FailedCompletion {
+                    status: other,
+                    raw: wc.status_raw,
+                    vendor_err: wc.vendor_err,
+                }),
             };
             out.push(Completion {
                 wr_id: wc.wr_id,

@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use super::backend::{Completion, QueuePair, RdmaOp, WcStatus, WorkRequest};
 use super::endpoint_cut::EndpointCut;
 use super::{setup, Peer, Shared, PROTOCOL};
-use crate::error::TransferError;
+use crate::error::{LinkLoss, SharedSource, TransferError, Unreachable, Violation};
 use crate::memory::Abort;
 use crate::metrics::ConnectionCounters;
 use crate::transport::{Held, Slice};
@@ -486,9 +486,7 @@ impl Worker {
         if self.eps.len() + self.connecting.len() >= max {
             return Err(TransferError::PeerUnreachable {
                 peer: "(any)".into(),
-                reason: format!(
-                    "{max} endpoints busy on this HCA (MC_MAX_EP_PER_CTX); try again later"
-                ),
+                cause: Unreachable::EndpointsBusy { max },
             });
         }
         Ok(())
@@ -553,9 +551,9 @@ impl Worker {
                 }
                 if let Some(f) = self.remove(wr_id) {
                     let work = f.into_work(None);
-                    let err = TransferError::PeerGone {
+                    let err = TransferError::PeerLost {
                         peer: work.route.peer.nic_path(work.route.remote_dev),
-                        reason: format!("posting failed: {e}"),
+                        cause: LinkLoss::Post(SharedSource::new(e)),
                     };
                     self.retry(work, err);
                 }
@@ -587,7 +585,9 @@ impl Worker {
             }),
             _ => Err(TransferError::Protocol {
                 peer: work.route.peer.segment.clone(),
-                reason: "its descriptor lacks a remote key for the device".into(),
+                violation: Violation::MissingRemoteKey {
+                    device: work.route.remote_dev,
+                },
             }),
         }
     }
@@ -634,35 +634,25 @@ impl Worker {
         if let Some(ep) = self.eps.get_mut(&ep_id) {
             ep.outstanding = ep.outstanding.saturating_sub(1);
         }
-        if c.status == WcStatus::Success {
-            for e in f.route.extra {
-                e.finish(Ok(()));
-            }
-            f.held.finish(Ok(()));
-        } else {
+        let loss = match c.status {
+            WcStatus::Success => None,
+            WcStatus::RemoteAccess => Some(None),
+            WcStatus::RetryExceeded => Some(Some(LinkLoss::RetryExceeded)),
+            WcStatus::Flushed => Some(Some(LinkLoss::Flushed)),
+            WcStatus::Other(failed) => Some(Some(LinkLoss::WorkRequest(failed))),
+        };
+        if let Some(loss) = loss {
             let s = f.held.slice();
             let path = f.route.peer.nic_path(f.route.remote_dev);
-            let err = match &c.status {
-                WcStatus::RemoteAccess => TransferError::AddressRejected {
+            let err = match loss {
+                None => TransferError::AddressRejected {
                     peer: path.clone(),
                     addr: s.remote,
                     len: s.len,
                 },
-                WcStatus::RetryExceeded => TransferError::PeerGone {
+                Some(cause) => TransferError::PeerLost {
                     peer: path.clone(),
-                    reason: "no answer from the peer's port (retry exceeded)".into(),
-                },
-                WcStatus::Flushed => TransferError::PeerGone {
-                    peer: path.clone(),
-                    reason: "the queue pair went to error before the request ran (flushed)".into(),
-                },
-                WcStatus::Other(what) => TransferError::PeerGone {
-                    peer: path.clone(),
-                    reason: format!("work request failed: {what}"),
-                },
-                WcStatus::Success => TransferError::PeerGone {
-                    peer: path.clone(),
-                    reason: "work request failed".into(),
+                    cause,
                 },
             };
             if c.status != WcStatus::Flushed {
@@ -681,6 +671,11 @@ impl Worker {
             } else {
                 self.retry(work, err);
             }
+        } else {
+            for e in f.route.extra {
+                e.finish(Ok(()));
+            }
+            f.held.finish(Ok(()));
         }
         self.pump(ep_id);
     }

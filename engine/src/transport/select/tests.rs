@@ -60,7 +60,7 @@ impl Case {
             topo: Some(topo(&[], &[])),
             verbs: Some(Err("libibverbs.so.1: not found".into())),
             memlock: UNLIMITED,
-            gpu: GpuPresence::Absent("no runtime".into()),
+            gpu: GpuPresence::Absent(RuntimeUnavailable::Disabled),
         }
     }
 
@@ -312,4 +312,56 @@ fn a_gpu_runtime_with_devices_starts_ipc_on_its_own_accord_unless_tcp_is_forced(
     assert!(plan.ipc && !plan.ipc_auto);
     c.force_tcp = true;
     assert!(tcp_only(&c.decide().unwrap()));
+}
+
+/// What stands in the way is data: each problem found, the memlock limit seen.
+#[test]
+fn force_hca_refusals_carry_each_problem_as_data() {
+    let mut c = Case::new("rdma");
+    c.force_hca = true;
+    match c.decide().unwrap_err() {
+        Refusal::RdmaRequired {
+            cause: RdmaBlocker::Missing(m),
+        } => {
+            assert_eq!(
+                m.problems,
+                [
+                    RdmaProblem::VerbsUnavailable {
+                        why: "libibverbs.so.1: not found".into()
+                    },
+                    RdmaProblem::NoHca {
+                        root: "/sys".into()
+                    },
+                ]
+            );
+            assert!(!m.hca_present);
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut c = Case::new("rdma").rdma_host(&["mlx5_0"]);
+    c.force_hca = true;
+    c.memlock = Memlock {
+        limit: Some(8 << 20),
+        cap_ipc_lock: false,
+    };
+    assert!(matches!(
+        c.decide().unwrap_err(),
+        Refusal::RdmaRequired {
+            cause: RdmaBlocker::Memlock { limit }
+        } if limit == 8 << 20
+    ));
+    let mut c = Case::new("musa");
+    c.gpu = GpuPresence::Runtime {
+        vendor: Vendor::Cuda,
+        devices: 1,
+    };
+    assert!(matches!(
+        c.decide().unwrap_err(),
+        Refusal::GpuUnavailable {
+            cause: GpuBlocker::NotMusa {
+                loaded: Vendor::Cuda
+            },
+            ..
+        }
+    ));
 }

@@ -26,8 +26,10 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use super::causes::UnusableCause;
 use super::{Slice, Transport, TransportError};
 use crate::config::Config;
+use crate::error::Unreachable;
 use crate::memory::MemoryRegistry;
 use crate::net;
 use crate::wire::descriptor::SegmentDesc;
@@ -152,7 +154,10 @@ impl TcpTransport {
                 Err(TransportError::Unusable {
                     segment: segment.to_string(),
                     protocol: PROTOCOL,
-                    reason: format!("cannot resolve its data address {}: {e}", data.session_id()),
+                    cause: UnusableCause::DataAddress {
+                        data: data.session_id(),
+                        source: e,
+                    },
                 })
             }
         }
@@ -202,7 +207,7 @@ impl Transport for TcpTransport {
         peer.speaks_tcp()
     }
 
-    fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<String> {
+    fn unreachable(&self, segment: &SegmentId, peer: &SegmentDesc) -> Option<Unreachable> {
         let addr = self.data_addr(segment, peer).ok()?;
         let link = self
             .links

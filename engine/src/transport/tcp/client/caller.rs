@@ -14,6 +14,7 @@ use super::receive::{settle, settle_next};
 use super::retry::connect;
 use super::send::header_of;
 use super::{LinkShared, PeerLink};
+use crate::error::{LinkLoss, Unreachable};
 use crate::transport::tcp::budget::LaneBudget;
 use crate::transport::{Held, Slice};
 use crate::wire::tcp::{OpCode, Status, STATUS_LEN};
@@ -238,7 +239,7 @@ impl PeerLink {
 
 /// Opens the link's direct connection (see [`PeerLink::send_lone`]), as a lane opens its
 /// own; a peer that failed to connect within [`DEAD_PEER_HOLD`](super::retry::DEAD_PEER_HOLD) fails at once, as for a lane.
-fn open_direct(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, String> {
+fn open_direct(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, Unreachable> {
     if let Some(why) = shared.recently_dead() {
         return Err(why);
     }
@@ -247,7 +248,7 @@ fn open_direct(shared: &Arc<LinkShared>, broke: &mut bool) -> Result<Conn, Strin
     // the connection and goes to a lane, instead of holding up the caller.
     c.stream
         .set_write_timeout(Some(DIRECT_SEND_WAIT))
-        .map_err(|e| format!("setting a send timeout failed: {e}"))?;
+        .map_err(|e| Unreachable::SendTimeout(e.into()))?;
     Ok(c)
 }
 
@@ -264,7 +265,7 @@ impl Conn {
     fn run(&mut self, held: Held, shared: &LinkShared) {
         let s = held.slice();
         if let Err(e) = self.send_host(&held, &header_of(s, shared.v2)) {
-            self.send_failed(held, shared, &e);
+            self.send_failed(held, shared, e);
             return;
         }
         let whole = usize::from(shared.v2) * STATUS_LEN + owed_bytes(s) as usize;
@@ -343,7 +344,7 @@ impl Conn {
     /// 16-CPU host, batch p99 3.7-4.2 ms; read here, 27-30 GB/s and 0.79-0.88 ms
     /// (docs/benchmarks.md, issue 12, session 19).
     fn settle_reads_here(&mut self, group: &mut Vec<Held>, shared: &LinkShared, until: Instant) {
-        let mut failure: Option<String> = None;
+        let mut failure: Option<LinkLoss> = None;
         let mut rest = std::mem::take(group).into_iter();
         while let Some(held) = rest.next() {
             let whole = usize::from(shared.v2) * STATUS_LEN + owed_bytes(held.slice()) as usize;

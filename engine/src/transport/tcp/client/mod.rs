@@ -53,7 +53,7 @@ use parking_lot::Mutex;
 
 use super::budget::{LaneBudget, Membership};
 use crate::config::Config;
-use crate::error::TransferError;
+use crate::error::{TransferError, Unreachable};
 use crate::log_throttle::LogThrottle;
 use crate::memory::{Abort, SocketCut};
 use crate::transport::{Held, Slice};
@@ -102,7 +102,7 @@ struct LinkShared {
     /// The congestion control of connections to a peer on this host (`MC_TCP_SAME_HOST_CC`).
     same_host_cc: Option<String>,
     tx: Sender<LaneMsg>,
-    dead: Mutex<Option<(Instant, String)>>,
+    dead: Mutex<Option<(Instant, Unreachable)>>,
     /// Every open connection, so shutdown can unblock their threads.
     open: Mutex<Vec<(u64, Arc<SocketCut>)>>,
     next_conn: AtomicU64,
@@ -224,7 +224,7 @@ impl PeerLink {
     }
 
     /// Why the last connect failed, if it failed recently.
-    pub fn unreachable(&self) -> Option<String> {
+    pub fn unreachable(&self) -> Option<Unreachable> {
         self.shared.recently_dead()
     }
 
@@ -284,17 +284,17 @@ fn stop(shared: &LinkShared, threads: Vec<JoinHandle<()>>) {
 }
 
 impl LinkShared {
-    fn recently_dead(&self) -> Option<String> {
+    fn recently_dead(&self) -> Option<Unreachable> {
         let dead = self.dead.lock();
         dead.as_ref()
             .filter(|(at, _)| at.elapsed() < DEAD_PEER_HOLD)
             .map(|(_, why)| why.clone())
     }
 
-    fn unreachable(&self, reason: String) -> TransferError {
+    fn unreachable(&self, cause: Unreachable) -> TransferError {
         TransferError::PeerUnreachable {
             peer: self.peer.to_string(),
-            reason,
+            cause,
         }
     }
 

@@ -13,9 +13,9 @@ use crossbeam_channel::{Receiver, RecvError, TryRecvError};
 
 use super::conn::{Conn, Replies};
 use super::in_flight::{owed, owed_bytes, InFlight};
-use super::retry::{refused_by_peer, REFUSED};
+use super::retry::refused_by_peer;
 use super::LinkShared;
-use crate::error::TransferError;
+use crate::error::{LinkLoss, TransferError, Violation};
 use crate::memory::SocketCut;
 use crate::transport::tcp::cut_reader::CutStream;
 use crate::transport::tcp::halfway::Halfway;
@@ -30,7 +30,7 @@ enum Reply {
 
 enum ReplyError {
     Io(io::Error),
-    Protocol(String),
+    Protocol(Violation),
 }
 
 pub(super) fn receive(
@@ -39,7 +39,7 @@ pub(super) fn receive(
     pending: Arc<InFlight>,
     shared: Arc<LinkShared>,
 ) {
-    let mut failure: Option<String> = None;
+    let mut failure: Option<LinkLoss> = None;
     let mut landing = Landing {
         read: None,
         shared: &shared,
@@ -108,9 +108,7 @@ impl Landing<'_> {
         };
         match result {
             Ok(()) => self.shared.complete(held, Ok(())),
-            Err(e) => self
-                .shared
-                .retry_or_fail(held, &format!("copy into device memory failed: {e}")),
+            Err(e) => self.shared.retry_or_fail(held, LinkLoss::Landing(e.into())),
         }
     }
 
@@ -127,7 +125,7 @@ impl Conn {
     /// Reads the replies to `group`, in order, on this thread (nothing else owed on the
     /// connection); once one shows the connection broken, the rest are re-sent or failed.
     pub(super) fn settle_all(&self, group: &mut Vec<Held>, shared: &LinkShared) {
-        let mut failure: Option<String> = None;
+        let mut failure: Option<LinkLoss> = None;
         for held in group.drain(..) {
             settle_next(&self.replies, held, shared, &mut failure);
         }
@@ -140,11 +138,11 @@ pub(super) fn settle_next(
     replies: &Replies,
     held: Held,
     shared: &LinkShared,
-    failure: &mut Option<String>,
+    failure: &mut Option<LinkLoss>,
 ) {
     match failure {
         Some(_) if replies.refused.load(Ordering::Acquire) => shared.step_back(held),
-        Some(why) => shared.retry_or_fail(held, why),
+        Some(why) => shared.retry_or_fail(held, why.clone()),
         None => *failure = settle(replies, held, shared, Duration::ZERO),
     }
 }
@@ -165,7 +163,7 @@ pub(super) fn settle(
     held: Held,
     shared: &LinkShared,
     spin: Duration,
-) -> Option<String> {
+) -> Option<LinkLoss> {
     settle_with(replies, held, shared, spin, None)
 }
 
@@ -177,7 +175,7 @@ fn settle_with(
     shared: &LinkShared,
     spin: Duration,
     mut landing: Option<&mut Landing>,
-) -> Option<String> {
+) -> Option<LinkLoss> {
     let Replies {
         stream, cut, ahead, ..
     } = replies;
@@ -222,17 +220,17 @@ fn settle_with(
             shared.complete(held, Err(err));
             None
         }
-        Err(ReplyError::Protocol(why)) => {
+        Err(ReplyError::Protocol(violation)) => {
             replies.mark_broken(shared);
             let _ = stream.shutdown(Shutdown::Both);
             let err = TransferError::Protocol {
                 peer: shared.peer.to_string(),
-                reason: why.clone(),
+                violation: violation.clone(),
             };
             shared.complete(held, Err(err));
-            Some(why)
+            Some(LinkLoss::Violation(violation))
         }
-        Err(ReplyError::Io(e)) => receive_failed(replies, held, shared, &e),
+        Err(ReplyError::Io(e)) => receive_failed(replies, held, shared, e),
     }
 }
 
@@ -243,26 +241,25 @@ fn receive_failed(
     replies: &Replies,
     held: Held,
     shared: &LinkShared,
-    e: &io::Error,
-) -> Option<String> {
+    e: io::Error,
+) -> Option<LinkLoss> {
     replies.mark_broken(shared);
     let _ = replies.stream.shutdown(Shutdown::Both);
-    if refused_by_peer(replies, shared, e) {
+    if refused_by_peer(replies, shared, &e) {
         shared.step_back(held);
-        return Some(REFUSED.to_string());
+        return Some(LinkLoss::Refused);
     }
-    let why = match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
-            "no reply within {:?} (MC_TCP_STATUS_TIMEOUT_SEC)",
-            shared.io_timeout
-        ),
-        _ if !replies.answered.load(Ordering::Acquire) => format!(
-            "receive failed: {e}; the peer closed the connection before any reply \
-             (a data server at its MC_TCP_SERVER_MAX_CONNECTIONS or _PER_IP does)"
-        ),
-        _ => format!("receive failed: {e}"),
+    let kind = e.kind();
+    let e = e.into();
+    let why = match kind {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => LinkLoss::NoReply {
+            within: shared.io_timeout,
+            source: e,
+        },
+        _ if !replies.answered.load(Ordering::Acquire) => LinkLoss::ClosedBeforeReply(e),
+        _ => LinkLoss::Receive(e),
     };
-    shared.retry_or_fail(held, &why);
+    shared.retry_or_fail(held, why.clone());
     Some(why)
 }
 
@@ -282,7 +279,7 @@ fn read_reply(
             .take::<STATUS_LEN>(&mut own.clone(), owed_bytes(held.slice()))
             .map_err(ReplyError::Io)?
             .ok_or_else(|| ReplyError::Io(io::ErrorKind::UnexpectedEof.into()))?;
-        match Status::decode(&status).map_err(|e| ReplyError::Protocol(e.to_string()))? {
+        match Status::decode(&status).map_err(|e| ReplyError::Protocol(Violation::Status(e)))? {
             Status::Ok => {}
             Status::AddrRejected => return Ok(Reply::Rejected),
         }

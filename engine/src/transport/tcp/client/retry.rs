@@ -9,15 +9,11 @@ use std::time::{Duration, Instant};
 
 use super::conn::{Conn, Handoff, Replies};
 use super::{LaneMsg, LinkShared};
-use crate::error::TransferError;
+use crate::error::{LinkLoss, SharedIoError, TransferError, Unreachable};
 use crate::transport::Held;
 
 /// How long a failed connect keeps failing new slices without retrying.
 pub(super) const DEAD_PEER_HOLD: Duration = Duration::from_millis(500);
-
-/// Why the slices of a connection the peer refused went back to the queue.
-pub(super) const REFUSED: &str =
-    "the peer refused the connection (its data server's connection cap)";
 
 /// How long a lane whose connection the peer refused stays out at first; doubled at each
 /// refusal in a row, up to [`REFUSED_PAUSE_MAX`]. Meanwhile the link's other lanes carry
@@ -39,7 +35,7 @@ pub(super) fn connect(
     shared: &Arc<LinkShared>,
     broke: &mut bool,
     handoff: Handoff,
-) -> Result<Conn, String> {
+) -> Result<Conn, Unreachable> {
     match Conn::open(shared, handoff) {
         Ok(c) => {
             *shared.dead.lock() = None;
@@ -50,7 +46,7 @@ pub(super) fn connect(
             Ok(c)
         }
         Err(e) => {
-            let why = format!("connect failed: {e}");
+            let why = Unreachable::Connect(e.into());
             tracing::warn!("peer {} unreachable: {why}", shared.peer);
             *shared.dead.lock() = Some((Instant::now(), why.clone()));
             Err(why)
@@ -145,15 +141,15 @@ impl LinkShared {
 
     /// `held`'s connection failed with `e`: its slice is re-sent (for free if the peer
     /// refused the connection), or failed.
-    pub(super) fn resend_after(&self, replies: &Replies, held: Held, e: &io::Error, reason: &str) {
-        if refused_by_peer(replies, self, e) {
+    pub(super) fn resend_after(&self, replies: &Replies, held: Held, e: &SharedIoError) {
+        if refused_by_peer(replies, self, e.get()) {
             self.step_back(held);
         } else {
-            self.retry_or_fail(held, reason);
+            self.retry_or_fail(held, LinkLoss::Send(e.clone()));
         }
     }
 
-    pub(super) fn retry_or_fail(&self, held: Held, reason: &str) {
+    pub(super) fn retry_or_fail(&self, held: Held, reason: LinkLoss) {
         let mut slice = held.release();
         if slice.retries == 0 && !slice.batch.is_canceled() {
             slice.retries += 1;
@@ -161,18 +157,18 @@ impl LinkShared {
             tracing::debug!("re-sending a slice to {} after: {reason}", self.peer);
             if let Err(e) = self.tx.send(LaneMsg::Work(slice)) {
                 if let LaneMsg::Work(s) = e.into_inner() {
-                    self.fail(s, self.gone(reason));
+                    self.fail(s, self.lost(reason));
                 }
             }
         } else {
-            self.fail(slice, self.gone(reason));
+            self.fail(slice, self.lost(reason));
         }
     }
 
-    fn gone(&self, reason: &str) -> TransferError {
-        TransferError::PeerGone {
+    fn lost(&self, cause: LinkLoss) -> TransferError {
+        TransferError::PeerLost {
             peer: self.peer.to_string(),
-            reason: reason.to_string(),
+            cause,
         }
     }
 }

@@ -11,6 +11,7 @@ use super::lane::Ahead;
 use super::receive::settle;
 use super::LinkShared;
 use crate::device::staging::NextSend;
+use crate::error::{LinkLoss, SharedIoError};
 use crate::memory::MemSpan;
 use crate::transport::tcp::cut_reader::CutStream;
 use crate::transport::{Held, Slice};
@@ -59,8 +60,9 @@ impl Conn {
         if let Err(e) = MemSpan::send_pieces(&self.stream, &pieces, &self.cut) {
             tracing::debug!("send to {} failed: {e}", shared.peer);
             self.break_off();
+            let e = SharedIoError::from(e);
             for held in group.drain(..) {
-                shared.resend_after(&self.replies, held, &e, &format!("send failed: {e}"));
+                shared.resend_after(&self.replies, held, &e);
             }
             return false;
         }
@@ -101,7 +103,7 @@ impl Conn {
             _ => self.send_host(&held, &header),
         };
         if let Err(e) = sent {
-            self.send_failed(held, shared, &e);
+            self.send_failed(held, shared, e);
             return false;
         }
         // Nothing else queued and no reply outstanding on this connection (the receiver
@@ -132,10 +134,10 @@ impl Conn {
     }
 
     /// A send of `held` failed: the connection is done for; the slice is sent again once.
-    pub(super) fn send_failed(&self, held: Held, shared: &LinkShared, e: &io::Error) {
+    pub(super) fn send_failed(&self, held: Held, shared: &LinkShared, e: io::Error) {
         tracing::debug!("send to {} failed: {e}", shared.peer);
         self.break_off();
-        shared.resend_after(&self.replies, held, e, &format!("send failed: {e}"));
+        shared.resend_after(&self.replies, held, &e.into());
     }
 
     /// `held` is out: a v1 write is done (v1 acknowledges nothing), anything else is the
@@ -146,7 +148,7 @@ impl Conn {
             return;
         }
         let Some(inflight) = self.inflight.as_ref() else {
-            shared.retry_or_fail(held, "connection closed");
+            shared.retry_or_fail(held, LinkLoss::Closed);
             return;
         };
         let owed = owed(held.slice());
@@ -154,7 +156,7 @@ impl Conn {
         if let Err(e) = inflight.send(held) {
             self.pending.done(owed);
             self.break_off();
-            shared.retry_or_fail(e.into_inner(), "receiver stopped");
+            shared.retry_or_fail(e.into_inner(), LinkLoss::ReceiverStopped);
         }
     }
 }
